@@ -1,0 +1,39 @@
+# cdcrelay: make demo | make test | make lint | make build
+GO        ?= go
+GOLANGCI  ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
+FUZZTIME  ?= 10s
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: build demo test test-go fuzz chart-test lint clean
+
+build:
+	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/cdcrelay ./cmd/cdcrelay
+
+# Starts a throwaway PostgreSQL, runs the relay against it and the local
+# RabbitMQ, inserts sample events and shows them arriving with their latency.
+demo: build
+	$(GO) run ./cmd/cdcrelay-demo -relay bin/cdcrelay
+
+# The whole suite: formatting, vet, unit and integration tests (real
+# PostgreSQL and RabbitMQ) with the race detector, short fuzz runs and the
+# Helm chart tests.
+test: test-go fuzz chart-test
+
+test-go:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+		if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./internal/wal/
+	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) ./internal/config/
+
+chart-test:
+	$(MAKE) -C deploy/helm test
+
+lint:
+	$(GOLANGCI) run ./...
+
+clean:
+	rm -rf bin

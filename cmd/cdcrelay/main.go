@@ -1,0 +1,161 @@
+// Command cdcrelay streams transactional-outbox inserts from a PostgreSQL
+// logical replication slot to RabbitMQ with publisher confirms.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/relay"
+	"github.com/cdcrelay/cdcrelay/migrations"
+)
+
+const usage = `usage: cdcrelay <command>
+
+commands:
+  run      stream outbox inserts to RabbitMQ (configuration: CDCRELAY_* variables, see README)
+  migrate  create the outbox table, its index and the publication (idempotent)
+  version  print the version
+`
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch args[0] {
+	case "run":
+		err = runRelay(ctx, stderr)
+	case "migrate":
+		err = migrate(ctx, stderr)
+	case "version":
+		fmt.Fprintln(stdout, version)
+	default:
+		fmt.Fprintf(stderr, "unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "cdcrelay:", err)
+		return 1
+	}
+	return 0
+}
+
+func loadConfig(ctx context.Context, stderr io.Writer) (config.Config, *slog.Logger, error) {
+	cfg, err := config.Load(ctx)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("configuration:\n%w", err)
+	}
+	level, _ := cfg.Level()
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(stderr, opts)
+	if cfg.LogFormat == "json" {
+		h = slog.NewJSONHandler(stderr, opts)
+	}
+	db := "?"
+	if pc, err := pgx.ParseConfig(cfg.DatabaseURL); err == nil {
+		db = pc.Database
+	}
+	return cfg, slog.New(h).With("slot", cfg.Slot, "database", db), nil
+}
+
+func runRelay(ctx context.Context, stderr io.Writer) error {
+	cfg, log, err := loadConfig(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	if err := cfg.RequireBroker(); err != nil {
+		return fmt.Errorf("configuration:\n%w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r, err := relay.New(cfg, log, reg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on CDCRELAY_HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
+	}
+	log.Info("starting", "version", version, "database_url", config.Redact(cfg.DatabaseURL),
+		"amqp_url", config.Redact(cfg.AMQPURL), "exchange", cfg.Exchange, "http", ln.Addr().String())
+	srv := &http.Server{Handler: httpHandler(reg, r), ReadHeaderTimeout: 5 * time.Second}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		return r.Run(gctx)
+	})
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http server: %w", err)
+		}
+		return nil
+	})
+	err = g.Wait()
+	log.Info("exiting", "error", err)
+	return err
+}
+
+func httpHandler(reg *prometheus.Registry, r *relay.Relay) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.Streaming() {
+			http.Error(w, "not streaming", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "streaming\n")
+	})
+	return mux
+}
+
+func migrate(ctx context.Context, stderr io.Writer) error {
+	cfg, log, err := loadConfig(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	db, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("connect to database: %w", err)
+	}
+	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
+	if err := migrations.Apply(ctx, db); err != nil {
+		return err
+	}
+	log.Info("migrations applied", "files", migrations.Names())
+	return nil
+}

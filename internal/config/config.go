@@ -1,0 +1,273 @@
+// Package config reads the relay's configuration from CDCRELAY_* environment
+// variables and validates it, reporting every bad value on a line of its own.
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/sethvargo/go-envconfig"
+)
+
+// Prefix is the prefix of every environment variable the relay reads.
+const Prefix = "CDCRELAY_"
+
+// Config is the relay's configuration. Field tags name the variables
+// (without Prefix) and their defaults; README.md documents each one.
+type Config struct {
+	DatabaseURL     string `env:"DATABASE_URL"`
+	DatabaseURLFile string `env:"DATABASE_URL_FILE"`
+	AMQPURL         string `env:"AMQP_URL"`
+	AMQPURLFile     string `env:"AMQP_URL_FILE"`
+
+	Exchange    string `env:"EXCHANGE, default=events"`
+	Table       string `env:"TABLE, default=public.event_outbox"`
+	Publication string `env:"PUBLICATION, default=cdcrelay_outbox"`
+	Slot        string `env:"SLOT, default=cdcrelay_outbox"`
+	HTTPAddr    string `env:"HTTP_ADDR, default=:8080"`
+
+	IDColumn         string `env:"ID_COLUMN, default=id"`
+	RoutingKeyColumn string `env:"ROUTING_KEY_COLUMN, default=routing_key"`
+	PayloadColumn    string `env:"PAYLOAD_COLUMN, default=payload"`
+	HeadersColumn    string `env:"HEADERS_COLUMN, default=headers"`
+	ExchangeColumn   string `env:"EXCHANGE_COLUMN, default=exchange"`
+	TypeColumn       string `env:"TYPE_COLUMN, default=event_type"`
+
+	MaxInFlight      int           `env:"MAX_IN_FLIGHT, default=1000"`
+	MaxInFlightBytes ByteSize      `env:"MAX_IN_FLIGHT_BYTES, default=16MiB"`
+	ConfirmTimeout   time.Duration `env:"CONFIRM_TIMEOUT, default=30s"`
+	StatusInterval   time.Duration `env:"STATUS_INTERVAL, default=10s"`
+	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT, default=15s"`
+	BackoffMin       time.Duration `env:"BACKOFF_MIN, default=500ms"`
+	BackoffMax       time.Duration `env:"BACKOFF_MAX, default=30s"`
+	AMQPHeartbeat    time.Duration `env:"AMQP_HEARTBEAT, default=10s"`
+
+	LogLevel  string `env:"LOG_LEVEL, default=info"`
+	LogFormat string `env:"LOG_FORMAT, default=text"`
+}
+
+// Error lists every problem found in the configuration, one per line.
+type Error struct{ Problems []string }
+
+func (e *Error) Error() string { return strings.Join(e.Problems, "\n") }
+
+// Load reads the configuration from the process environment.
+func Load(ctx context.Context) (Config, error) {
+	return LoadFrom(ctx, envconfig.OsLookuper())
+}
+
+// LoadFrom reads the configuration through l, which sees variable names with
+// Prefix. Each variable is decoded on its own first, so that one bad value
+// does not hide the next and every message names the variable.
+func LoadFrom(ctx context.Context, l envconfig.Lookuper) (Config, error) {
+	var problems []string
+	for _, key := range keys() {
+		v, ok := l.Lookup(Prefix + key)
+		if !ok {
+			continue
+		}
+		var probe Config
+		err := envconfig.ProcessWith(ctx, &envconfig.Config{
+			Target:   &probe,
+			Lookuper: envconfig.MapLookuper(map[string]string{key: v}),
+		})
+		if err != nil {
+			if inner := errors.Unwrap(err); inner != nil {
+				err = inner
+			}
+			problems = append(problems, fmt.Sprintf("%s%s: %v", Prefix, key, err))
+		}
+	}
+	if len(problems) > 0 {
+		return Config{}, &Error{Problems: problems}
+	}
+	var c Config
+	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &c, Lookuper: envconfig.PrefixLookuper(Prefix, l)}); err != nil {
+		return Config{}, &Error{Problems: []string{err.Error()}}
+	}
+	if err := c.resolveFiles(); err != nil {
+		return Config{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// keys lists the variable names (without Prefix) of Config's fields.
+func keys() []string {
+	t := reflect.TypeFor[Config]()
+	out := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		tag := t.Field(i).Tag.Get("env")
+		out = append(out, strings.TrimSpace(strings.SplitN(tag, ",", 2)[0]))
+	}
+	return out
+}
+
+// resolveFiles reads secrets given as files (mounted Kubernetes secrets).
+func (c *Config) resolveFiles() error {
+	var problems []string
+	read := func(name string, value *string, file string) {
+		if file == "" {
+			return
+		}
+		if *value != "" {
+			problems = append(problems, fmt.Sprintf("%s%s and %s%s_FILE are both set; set one", Prefix, name, Prefix, name))
+			return
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s%s_FILE: %v", Prefix, name, err))
+			return
+		}
+		*value = strings.TrimSpace(string(b))
+	}
+	read("DATABASE_URL", &c.DatabaseURL, c.DatabaseURLFile)
+	read("AMQP_URL", &c.AMQPURL, c.AMQPURLFile)
+	if len(problems) > 0 {
+		return &Error{Problems: problems}
+	}
+	return nil
+}
+
+var (
+	identRe = regexp.MustCompile(`^[a-z_][a-z0-9_$]{0,62}$`)
+	slotRe  = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+)
+
+// Validate checks values that decode but make no sense. Messages never
+// include a secret.
+func (c *Config) Validate() error {
+	var p []string
+	bad := func(key, format string, args ...any) {
+		p = append(p, fmt.Sprintf("%s%s: %s", Prefix, key, fmt.Sprintf(format, args...)))
+	}
+	if c.DatabaseURL == "" {
+		bad("DATABASE_URL", "required (or set %sDATABASE_URL_FILE)", Prefix)
+	} else if _, err := pgconn.ParseConfig(c.DatabaseURL); err != nil {
+		bad("DATABASE_URL", "not a valid PostgreSQL connection string")
+	}
+	switch u, err := url.Parse(c.AMQPURL); {
+	case c.AMQPURL == "": // only run needs it: see RequireBroker
+	case err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "":
+		bad("AMQP_URL", "want amqp://user:password@host:port/vhost or amqps://…")
+	}
+	if _, _, err := SplitTable(c.Table); err != nil {
+		bad("TABLE", "%v", err)
+	}
+	if !identRe.MatchString(c.Publication) {
+		bad("PUBLICATION", "%q is not a lower-case identifier", c.Publication)
+	}
+	if !slotRe.MatchString(c.Slot) {
+		bad("SLOT", "%q: slot names are 1 to 63 of a-z, 0-9 and _", c.Slot)
+	}
+	for key, v := range map[string]string{"ID_COLUMN": c.IDColumn, "ROUTING_KEY_COLUMN": c.RoutingKeyColumn, "PAYLOAD_COLUMN": c.PayloadColumn} {
+		if v == "" {
+			bad(key, "must not be empty")
+		}
+	}
+	if c.MaxInFlight < 1 || c.MaxInFlight > 65535 {
+		bad("MAX_IN_FLIGHT", "%d is outside 1..65535", c.MaxInFlight)
+	}
+	if c.MaxInFlightBytes < 1024 {
+		bad("MAX_IN_FLIGHT_BYTES", "%d bytes is below 1KiB", c.MaxInFlightBytes)
+	}
+	positive := map[string]time.Duration{
+		"CONFIRM_TIMEOUT": c.ConfirmTimeout, "STATUS_INTERVAL": c.StatusInterval,
+		"SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "BACKOFF_MIN": c.BackoffMin, "BACKOFF_MAX": c.BackoffMax,
+	}
+	for key, d := range positive {
+		if d <= 0 {
+			bad(key, "must be positive")
+		}
+	}
+	if c.BackoffMax < c.BackoffMin {
+		bad("BACKOFF_MAX", "%s is below %sBACKOFF_MIN (%s)", c.BackoffMax, Prefix, c.BackoffMin)
+	}
+	if c.AMQPHeartbeat < 0 {
+		bad("AMQP_HEARTBEAT", "must not be negative")
+	}
+	if _, err := c.Level(); err != nil {
+		bad("LOG_LEVEL", "%v", err)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		bad("LOG_FORMAT", "%q: want text or json", c.LogFormat)
+	}
+	if len(p) > 0 {
+		return &Error{Problems: p}
+	}
+	return nil
+}
+
+// RequireBroker reports a missing broker URL; migrate works without one.
+func (c *Config) RequireBroker() error {
+	if c.AMQPURL == "" {
+		return &Error{Problems: []string{Prefix + "AMQP_URL: required (or set " + Prefix + "AMQP_URL_FILE)"}}
+	}
+	return nil
+}
+
+// SplitTable splits "schema.table" (schema defaults to public).
+func SplitTable(s string) (schema, table string, err error) {
+	schema, table = "public", s
+	if i := strings.IndexByte(s, '.'); i >= 0 {
+		schema, table = s[:i], s[i+1:]
+	}
+	if !identRe.MatchString(schema) || !identRe.MatchString(table) {
+		return "", "", fmt.Errorf("%q: want schema.table in lower-case identifiers", s)
+	}
+	return schema, table, nil
+}
+
+// Level parses LogLevel.
+func (c *Config) Level() (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(c.LogLevel))
+	return l, err
+}
+
+// ByteSize is a size in bytes written as 1048576, 512KiB, 16MiB or 1GiB.
+type ByteSize int64
+
+// EnvDecode implements envconfig.Decoder.
+func (b *ByteSize) EnvDecode(v string) error {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}, {"", 1}}
+	for _, u := range units {
+		num, ok := strings.CutSuffix(strings.TrimSpace(v), u.suffix)
+		if !ok {
+			continue
+		}
+		var n int64
+		if _, err := fmt.Sscanf(num, "%d", &n); err != nil || fmt.Sprint(n) != strings.TrimSpace(num) || n < 0 {
+			return fmt.Errorf("%q is not a size (want e.g. 16MiB, 512KiB or a number of bytes)", v)
+		}
+		*b = ByteSize(n * u.mult)
+		return nil
+	}
+	return fmt.Errorf("%q is not a size", v)
+}
+
+// Redact returns a URL or connection string fit for logs: the password, if
+// any, is replaced.
+func Redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		return u.Redacted()
+	}
+	if cfg, err := pgconn.ParseConfig(dsn); err == nil {
+		return fmt.Sprintf("host=%s port=%d user=%s dbname=%s", cfg.Host, cfg.Port, cfg.User, cfg.Database)
+	}
+	return "(unparseable connection string)"
+}

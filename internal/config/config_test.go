@@ -1,0 +1,154 @@
+package config
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sethvargo/go-envconfig"
+)
+
+func load(t *testing.T, env map[string]string) (Config, error) {
+	t.Helper()
+	m := map[string]string{}
+	for k, v := range env {
+		m[Prefix+k] = v
+	}
+	return LoadFrom(context.Background(), envconfig.MapLookuper(m))
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := load(t, map[string]string{"DATABASE_URL": "postgres://u:pw@db/app", "AMQP_URL": "amqp://u:pw@mq:5672/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Exchange != "events" || c.Table != "public.event_outbox" || c.Publication != "cdcrelay_outbox" ||
+		c.Slot != "cdcrelay_outbox" || c.HTTPAddr != ":8080" || c.MaxInFlight != 1000 ||
+		c.MaxInFlightBytes != 16<<20 || c.ConfirmTimeout != 30*time.Second || c.StatusInterval != 10*time.Second {
+		t.Fatalf("defaults %+v", c)
+	}
+}
+
+func TestEveryBadValueNamed(t *testing.T) {
+	_, err := load(t, map[string]string{
+		"DATABASE_URL":        "postgres://u:hunter2@db/app",
+		"AMQP_URL":            "http://u:hunter2@mq/",
+		"MAX_IN_FLIGHT":       "lots",
+		"CONFIRM_TIMEOUT":     "soon",
+		"MAX_IN_FLIGHT_BYTES": "16 megs",
+	})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	for _, want := range []string{"CDCRELAY_MAX_IN_FLIGHT:", "CDCRELAY_CONFIRM_TIMEOUT:", "CDCRELAY_MAX_IN_FLIGHT_BYTES:"} {
+		found := false
+		for _, l := range lines {
+			found = found || strings.HasPrefix(l, want)
+		}
+		if !found {
+			t.Errorf("no line starting %q in:\n%s", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error leaks a password:\n%s", err)
+	}
+
+	_, err = load(t, map[string]string{
+		"DATABASE_URL": "postgres://u:hunter2@db/app", "AMQP_URL": "http://u:hunter2@mq/",
+		"SLOT": "Bad-Slot", "TABLE": "a.b.c", "MAX_IN_FLIGHT": "0", "BACKOFF_MIN": "1m", "BACKOFF_MAX": "1s", "LOG_FORMAT": "xml",
+	})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"CDCRELAY_AMQP_URL:", "CDCRELAY_SLOT:", "CDCRELAY_TABLE:", "CDCRELAY_MAX_IN_FLIGHT:", "CDCRELAY_BACKOFF_MAX:", "CDCRELAY_LOG_FORMAT:"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in:\n%s", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error leaks a password:\n%s", err)
+	}
+}
+
+func TestRequired(t *testing.T) {
+	_, err := load(t, nil)
+	if err == nil || !strings.Contains(err.Error(), "CDCRELAY_DATABASE_URL: required") {
+		t.Fatalf("error %v", err)
+	}
+	c, err := load(t, map[string]string{"DATABASE_URL": "postgres://db/app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RequireBroker(); err == nil || !strings.Contains(err.Error(), "CDCRELAY_AMQP_URL") {
+		t.Fatalf("RequireBroker: %v", err)
+	}
+}
+
+func TestSecretFiles(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "db")
+	if err := os.WriteFile(db, []byte("postgres://u:pw@db/app\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := load(t, map[string]string{"DATABASE_URL_FILE": db, "AMQP_URL": "amqp://mq/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DatabaseURL != "postgres://u:pw@db/app" {
+		t.Fatalf("url %q", c.DatabaseURL)
+	}
+	if _, err := load(t, map[string]string{"DATABASE_URL_FILE": db, "DATABASE_URL": "postgres://x/y", "AMQP_URL": "amqp://mq/"}); err == nil {
+		t.Fatal("both URL and file accepted")
+	}
+	if _, err := load(t, map[string]string{"DATABASE_URL_FILE": filepath.Join(dir, "missing"), "AMQP_URL": "amqp://mq/"}); err == nil ||
+		!strings.Contains(err.Error(), "CDCRELAY_DATABASE_URL_FILE") {
+		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func TestByteSize(t *testing.T) {
+	for in, want := range map[string]ByteSize{"1024": 1024, "512KiB": 512 << 10, "16MiB": 16 << 20, "1GiB": 1 << 30, "10B": 10} {
+		var b ByteSize
+		if err := b.EnvDecode(in); err != nil || b != want {
+			t.Errorf("%q: %d, %v; want %d", in, b, err, want)
+		}
+	}
+	for _, in := range []string{"", "x", "-1", "1.5MiB", "16MB", "MiB"} {
+		var b ByteSize
+		if err := b.EnvDecode(in); err == nil {
+			t.Errorf("%q accepted as %d", in, b)
+		}
+	}
+}
+
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:hunter2@db:5432/app?sslmode=disable":     "postgres://u:xxxxx@db:5432/app?sslmode=disable",
+		"amqp://guest:hunter2@mq:5672/":                        "amqp://guest:xxxxx@mq:5672/",
+		"host=db port=5432 user=u password=hunter2 dbname=app": "host=db port=5432 user=u dbname=app",
+	} {
+		if got := Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// FuzzLoad: no input may panic the loader or leak the password into an error.
+func FuzzLoad(f *testing.F) {
+	f.Add("1000", "30s", "16MiB", "public.event_outbox")
+	f.Add("x", "-1s", "1GiB", "a.b.c")
+	f.Fuzz(func(t *testing.T, inflight, timeout, size, table string) {
+		_, err := LoadFrom(context.Background(), envconfig.MapLookuper(map[string]string{
+			Prefix + "DATABASE_URL": "postgres://u:s3cr3tpw@db/app", Prefix + "AMQP_URL": "amqp://u:s3cr3tpw@mq/",
+			Prefix + "MAX_IN_FLIGHT": inflight, Prefix + "CONFIRM_TIMEOUT": timeout,
+			Prefix + "MAX_IN_FLIGHT_BYTES": size, Prefix + "TABLE": table,
+		}))
+		if err != nil && strings.Contains(err.Error(), "s3cr3tpw") {
+			t.Fatalf("password in error: %v", err)
+		}
+	})
+}

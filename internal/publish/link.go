@@ -1,0 +1,99 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrNoExchange is returned by Dial when the configured exchange is missing.
+var ErrNoExchange = errors.New("exchange does not exist")
+
+// Link is one AMQP connection with one confirm-mode channel and the
+// notification channels the publisher watches. Every notification channel
+// is buffered: amqp091-go drops a notification a listener does not take
+// within 5 s, and a dropped return would be a silent loss.
+type Link struct {
+	Conn *amqp.Connection
+	Ch   *amqp.Channel
+
+	returns    chan amqp.Return
+	connClosed chan *amqp.Error
+	chClosed   chan *amqp.Error
+	blocked    chan amqp.Blocking
+}
+
+// DialOptions configure Dial.
+type DialOptions struct {
+	URL       string
+	Heartbeat time.Duration
+	Exchange  string // checked passively; empty is the default exchange
+	Name      string // connection name shown in the management UI
+	Window    int    // in-flight window; sizes the returns buffer
+}
+
+// Dial connects, opens a confirm-mode channel and checks the exchange.
+// Recovery is left off on purpose: any broker failure must restart both
+// sides from the slot, not silently resume on a new channel.
+func Dial(ctx context.Context, o DialOptions) (*Link, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(o.Name)
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	conn, err := amqp.DialConfig(o.URL, amqp.Config{
+		Heartbeat:  o.Heartbeat,
+		Properties: props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, addr)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to broker: %w", err)
+	}
+	l := &Link{Conn: conn}
+	if err := l.setup(o); err != nil {
+		_ = conn.CloseDeadline(time.Now().Add(time.Second))
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Link) setup(o DialOptions) error {
+	if o.Exchange != "" {
+		// A failed passive declare closes its channel, so use a throwaway one.
+		probe, err := l.Conn.Channel()
+		if err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		if err := probe.ExchangeDeclarePassive(o.Exchange, "topic", true, false, false, false, nil); err != nil {
+			var aerr *amqp.Error
+			if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+				return fmt.Errorf("%w: %q (declare it, or set CDCRELAY_EXCHANGE)", ErrNoExchange, o.Exchange)
+			}
+			return fmt.Errorf("check exchange %q: %w", o.Exchange, err)
+		}
+		_ = probe.Close()
+	}
+	ch, err := l.Conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	l.Ch = ch
+	l.returns = ch.NotifyReturn(make(chan amqp.Return, max(o.Window, 1)))
+	l.chClosed = ch.NotifyClose(make(chan *amqp.Error, 1))
+	l.connClosed = l.Conn.NotifyClose(make(chan *amqp.Error, 1))
+	l.blocked = l.Conn.NotifyBlocked(make(chan amqp.Blocking, 8))
+	return nil
+}
+
+// Close closes the connection, waiting at most a second: after a failure
+// the broker may not answer at all.
+func (l *Link) Close() error {
+	return l.Conn.CloseDeadline(time.Now().Add(time.Second))
+}

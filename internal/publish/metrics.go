@@ -1,0 +1,48 @@
+package publish
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the publisher's metrics. One value serves every session.
+type Metrics struct {
+	published      prometheus.Counter
+	bytes          prometheus.Counter
+	inFlight       prometheus.Gauge
+	nacks          prometheus.Counter
+	returns        prometheus.Counter
+	blocked        prometheus.Gauge
+	confirmLatency prometheus.Histogram
+	commitToAck    prometheus.Histogram
+}
+
+// NewMetrics registers the publisher's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	buckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	m := &Metrics{
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_events_published_total", Help: "Messages published to the broker (including republished ones).",
+		}),
+		bytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_published_bytes_total", Help: "Message body bytes published to the broker.",
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_confirms_in_flight", Help: "Messages published and not yet confirmed by the broker.",
+		}),
+		nacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_nacks_total", Help: "Messages the broker nacked; each one restarts the pipeline.",
+		}),
+		returns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_returns_total", Help: "Messages the broker returned as unroutable; each one restarts the pipeline.",
+		}),
+		blocked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_broker_blocked", Help: "1 while the broker blocks publishers (resource alarm).",
+		}),
+		confirmLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "cdcrelay_confirm_latency_seconds", Help: "Time from publish to broker confirm.", Buckets: buckets,
+		}),
+		commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "cdcrelay_commit_to_ack_seconds", Help: "Time from the PostgreSQL commit to the broker confirm.", Buckets: buckets,
+		}),
+	}
+	reg.MustRegister(m.published, m.bytes, m.inFlight, m.nacks, m.returns, m.blocked, m.confirmLatency, m.commitToAck)
+	return m
+}

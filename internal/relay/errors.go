@@ -1,0 +1,33 @@
+package relay
+
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/slot"
+	"github.com/cdcrelay/cdcrelay/internal/wal"
+)
+
+// Fatal is the one place that decides whether a session error is worth a
+// retry. Transport failures (either side), nacks, returns and timeouts are
+// retried forever with backoff; errors that a retry would only repeat end
+// the process with a non-zero exit so the operator sees them.
+func Fatal(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, e := range []error{wal.ErrUnsupported, wal.ErrProtocol, wal.ErrSchema, wal.ErrMalformed, slot.ErrSlotMismatch, slot.ErrSlotLost} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28P01", "28000": // invalid password, invalid authorization
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,454 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sethvargo/go-envconfig"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/publish"
+	"github.com/cdcrelay/cdcrelay/internal/relay"
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/migrations"
+)
+
+// env is one test's world: a throwaway cluster with the outbox schema, a
+// broker exchange and a consumer bound to it.
+type env struct {
+	t        *testing.T
+	pg       *testenv.Postgres
+	dbURL    string
+	amqpURL  string
+	exchange string
+	consumer *testenv.Consumer
+	db       *pgx.Conn
+}
+
+func newEnv(t *testing.T, pgOpts testenv.PostgresOptions, binding string) *env {
+	t.Helper()
+	amqpURL := testenv.RequireAMQP(t)
+	pg := testenv.MustPostgres(t, pgOpts)
+	ctx := context.Background()
+	if err := pg.CreateDatabase(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, pg: pg, dbURL: pg.URL("app"), amqpURL: amqpURL, exchange: testenv.UniqueName("cdcrelay.test")}
+	e.db = e.connect()
+	if err := migrations.Apply(ctx, e.db); err != nil {
+		t.Fatal(err)
+	}
+	e.consumer = testenv.MustConsumer(t, amqpURL, e.exchange, testenv.UniqueName("cdcrelay.q"), binding)
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = testenv.DeleteExchange(cctx, amqpURL, e.exchange)
+	})
+	return e
+}
+
+func (e *env) connect() *pgx.Conn {
+	e.t.Helper()
+	db, err := pgx.Connect(context.Background(), e.dbURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = db.Close(context.Background()) })
+	return db
+}
+
+// vars is the relay's environment for this test.
+func (e *env) vars(extra map[string]string) map[string]string {
+	v := map[string]string{
+		"DATABASE_URL": e.dbURL, "AMQP_URL": e.amqpURL, "EXCHANGE": e.exchange,
+		"HTTP_ADDR": "127.0.0.1:0", "BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s", "LOG_LEVEL": "debug",
+	}
+	for k, val := range extra {
+		v[k] = val
+	}
+	return v
+}
+
+func (e *env) config(extra map[string]string) config.Config {
+	e.t.Helper()
+	m := map[string]string{}
+	for k, v := range e.vars(extra) {
+		m[config.Prefix+k] = v
+	}
+	cfg, err := config.LoadFrom(context.Background(), envconfig.MapLookuper(m))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cfg
+}
+
+// running is an in-process relay.
+type running struct {
+	cancel context.CancelFunc
+	done   chan error
+	relay  *relay.Relay
+}
+
+// startRelay runs a relay in this process until the test ends or stop.
+func (e *env) startRelay(extra map[string]string) *running {
+	e.t.Helper()
+	r, err := relay.New(e.config(extra), slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelDebug})), prometheus.NewRegistry())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	run := &running{cancel: cancel, done: make(chan error, 1), relay: r}
+	go func() { run.done <- r.Run(ctx) }()
+	e.t.Cleanup(func() { run.stop(e.t) })
+	return run
+}
+
+// stop asks for a graceful stop and returns Run's result.
+func (r *running) stop(t *testing.T) error {
+	r.cancel()
+	select {
+	case err := <-r.done:
+		r.done <- err // keep it for a second stop
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay did not stop within 30s")
+		return nil
+	}
+}
+
+func (r *running) waitStreaming(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !r.relay.Streaming() {
+		if time.Now().After(deadline) {
+			t.Fatal("relay not streaming after 30s")
+		}
+		select {
+		case err := <-r.done:
+			t.Fatalf("relay exited: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// testWriter sends relay logs to the test log, shown on failure or -v.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// row is an inserted outbox row.
+type row struct {
+	id, key, payload string
+}
+
+// insertTxns inserts one transaction per size, each row with a unique
+// payload, and returns the rows in insertion order and the WAL insert
+// position read inside the last transaction (its commit lies past it).
+func insertTxns(t *testing.T, db *pgx.Conn, key string, sizes ...int) ([]row, pglogrepl.LSN) {
+	t.Helper()
+	rows, last, err := insert(context.Background(), db, key, sizes...)
+	if err != nil {
+		t.Fatalf("insert: %v", err)
+	}
+	return rows, last
+}
+
+// insert is insertTxns for goroutines other than the test's.
+func insert(ctx context.Context, db *pgx.Conn, key string, sizes ...int) ([]row, pglogrepl.LSN, error) {
+	var rows []row
+	var last pglogrepl.LSN
+	for _, n := range sizes {
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			r, err := tx.Query(ctx, `
+				INSERT INTO event_outbox (routing_key, payload)
+				SELECT $1, jsonb_build_object('n', g, 'tx', txid_current(), 'event_type', 'TestEvent')
+				FROM generate_series(1, $2) g
+				RETURNING id::text, routing_key, payload::text`, key, n)
+			if err != nil {
+				return err
+			}
+			for r.Next() {
+				var rw row
+				if err := r.Scan(&rw.id, &rw.key, &rw.payload); err != nil {
+					return err
+				}
+				rows = append(rows, rw)
+			}
+			if err := r.Err(); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()`).Scan(&last)
+		})
+		if err != nil {
+			return rows, last, err
+		}
+	}
+	return rows, last, nil
+}
+
+// confirmedFlush reads the slot's confirmed position.
+func confirmedFlush(t *testing.T, db *pgx.Conn, slotName string) pglogrepl.LSN {
+	t.Helper()
+	var lsn *pglogrepl.LSN
+	err := db.QueryRow(context.Background(), `SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, slotName).Scan(&lsn)
+	if err != nil {
+		t.Fatalf("read slot %s: %v", slotName, err)
+	}
+	if lsn == nil {
+		return 0
+	}
+	return *lsn
+}
+
+// waitConfirmed waits until the slot's confirmed position reaches at least lsn.
+func waitConfirmed(t *testing.T, db *pgx.Conn, slotName string, lsn pglogrepl.LSN, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got := confirmedFlush(t, db, slotName)
+		if got >= lsn {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot confirmed_flush_lsn %s, want at least %s after %s", got, lsn, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func waitCount(t *testing.T, c *testenv.Consumer, n int, within time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := c.WaitCount(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// report checks that every row arrived with the right identity and body,
+// and that first deliveries follow commit order (by the relay's commit LSN
+// and index headers). It returns the number of duplicates.
+func report(t *testing.T, rows []row, got []testenv.Delivery) (duplicates int) {
+	t.Helper()
+	want := make(map[string]row, len(rows))
+	for _, r := range rows {
+		want[r.id] = r
+	}
+	seen := make(map[string]bool, len(got))
+	type pos struct {
+		lsn   pglogrepl.LSN
+		index int64
+	}
+	var prev pos
+	for i, d := range got {
+		r, ok := want[d.MessageID]
+		if !ok {
+			t.Fatalf("delivery %d: unknown message_id %q", i, d.MessageID)
+		}
+		if d.RoutingKey != r.key || string(d.Body) != r.payload {
+			t.Fatalf("delivery %d (%s): routing key %q body %s; want %q %s", i, d.MessageID, d.RoutingKey, d.Body, r.key, r.payload)
+		}
+		if d.DeliveryMode != 2 || d.ContentType != "application/json" || d.Type != "TestEvent" {
+			t.Fatalf("delivery %d: mode %d content type %q type %q", i, d.DeliveryMode, d.ContentType, d.Type)
+		}
+		if seen[d.MessageID] {
+			duplicates++
+			continue
+		}
+		seen[d.MessageID] = true
+		lsnText, _ := d.Headers[publish.HeaderCommitLSN].(string)
+		lsn, err := pglogrepl.ParseLSN(lsnText)
+		if err != nil {
+			t.Fatalf("delivery %d: commit lsn header %v: %v", i, d.Headers[publish.HeaderCommitLSN], err)
+		}
+		index, ok := d.Headers[publish.HeaderTxIndex].(int64)
+		if !ok {
+			t.Fatalf("delivery %d: index header %#v", i, d.Headers[publish.HeaderTxIndex])
+		}
+		p := pos{lsn, index}
+		if p.lsn < prev.lsn || (p.lsn == prev.lsn && p.index <= prev.index) {
+			t.Fatalf("delivery %d out of commit order: %s/%d after %s/%d", i, p.lsn, p.index, prev.lsn, prev.index)
+		}
+		prev = p
+	}
+	var missing []string
+	for id := range want {
+		if !seen[id] {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+
+		sort.Strings(missing)
+		t.Fatalf("%d of %d events missing, e.g. %v", len(missing), len(rows), missing[:min(5, len(missing))])
+	}
+	return duplicates
+}
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// relayBinary builds cmd/cdcrelay once per test run.
+func relayBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "cdcrelay-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		binPath = filepath.Join(dir, "cdcrelay")
+		cmd := exec.Command("go", "build", "-race", "-o", binPath, "./cmd/cdcrelay")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// process is the relay binary running as a child process.
+type process struct {
+	cmd  *exec.Cmd
+	done chan error
+	log  *lockedBuffer
+}
+
+func (e *env) startProcess(extra map[string]string) *process {
+	e.t.Helper()
+	cmd := exec.Command(relayBinary(e.t), "run")
+	cmd.Env = os.Environ()
+	for k, v := range e.vars(extra) {
+		cmd.Env = append(cmd.Env, config.Prefix+k+"="+v)
+	}
+	p := &process{cmd: cmd, done: make(chan error, 1), log: &lockedBuffer{}}
+	cmd.Stdout, cmd.Stderr = p.log, p.log
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() { p.done <- cmd.Wait() }()
+	e.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+		p.done <- nil
+		if e.t.Failed() {
+			e.t.Logf("relay process log:\n%s", p.log.String())
+		}
+	})
+	return p
+}
+
+// wait returns the exit error once the process ends.
+func (p *process) wait(t *testing.T, within time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return err
+	case <-time.After(within):
+		t.Fatalf("relay process still running after %s", within)
+		return nil
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+var _ io.Writer = (*lockedBuffer)(nil)
+
+func isExit(err error, code int) bool {
+	var ee *exec.ExitError
+	if code == 0 {
+		return err == nil
+	}
+	return errors.As(err, &ee) && ee.ExitCode() == code
+}
+
+func pglsn(v uint64) pglogrepl.LSN { return pglogrepl.LSN(v) }
+
+// waitAll waits until every row has been delivered at least once.
+func waitAll(t *testing.T, c *testenv.Consumer, rows []row, within time.Duration) {
+	t.Helper()
+	want := make(map[string]bool, len(rows))
+	for _, r := range rows {
+		want[r.id] = true
+	}
+	seen := make(map[string]bool, len(rows))
+	next := 0
+	deadline := time.Now().Add(within)
+	for len(seen) < len(want) {
+		for _, d := range c.DeliveriesFrom(next) {
+			next++
+			if want[d.MessageID] {
+				seen[d.MessageID] = true
+			}
+		}
+		if time.Now().After(deadline) {
+			report(t, rows, c.Deliveries())
+			t.Fatalf("%d of %d distinct events after %s", len(seen), len(want), within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitSlotActive waits until a relay streams from the slot. Rows committed
+// before the slot exists are not in its stream (adopting them is the
+// snapshot backfill's job), so stream tests start inserting only then.
+func waitSlotActive(t *testing.T, db *pgx.Conn, slotName string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var active bool
+		err := db.QueryRow(context.Background(), `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, slotName).Scan(&active)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if active {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot %s not active after 30s", slotName)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,139 @@
+// Package slot holds the replication slot's lifecycle and the acknowledged
+// position that moves it: the contiguous ack watermark.
+package slot
+
+import (
+	"sync"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Watermark ties broker confirms to the slot position. The WAL reader
+// records, in stream order, each event (Event), each transaction boundary
+// (Begin, Commit) and each idle keepalive (Keepalive); the publisher reports
+// acks (Ack) in any order. Position returns the end LSN of the newest
+// transaction whose events, and all events before them, are acknowledged.
+//
+// Invariants (see DESIGN.md, 1 and 2):
+//   - a mark (commit or keepalive LSN) is released only when every event
+//     with a lower sequence number has been acked;
+//   - a keepalive LSN is recorded only when no transaction is open, so it
+//     can never skip a transaction that is being streamed;
+//   - Position never decreases.
+//
+// All methods are safe for concurrent use: the reader and the confirm loop
+// call them from different goroutines.
+type Watermark struct {
+	mu       sync.Mutex
+	next     uint64              // sequence number of the next event
+	acked    uint64              // every event with seq < acked is acknowledged
+	early    map[uint64]struct{} // acked events with seq > acked, waiting for the gap to close
+	marks    []mark              // pending positions in stream order
+	open     bool                // a Begin has been seen without its Commit
+	position pglogrepl.LSN
+}
+
+// mark is a position that may be confirmed once all events before seq are acked.
+type mark struct {
+	seq uint64
+	lsn pglogrepl.LSN
+}
+
+// NewWatermark starts at the slot's confirmed position.
+func NewWatermark(start pglogrepl.LSN) *Watermark {
+	return &Watermark{position: start, early: make(map[uint64]struct{})}
+}
+
+// Begin records that a transaction opened.
+func (w *Watermark) Begin() {
+	w.mu.Lock()
+	w.open = true
+	w.mu.Unlock()
+}
+
+// Event assigns the next sequence number to an event of the open transaction.
+func (w *Watermark) Event() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	seq := w.next
+	w.next++
+	return seq
+}
+
+// Commit records the end of the open transaction: end may be confirmed once
+// every event recorded so far is acked.
+func (w *Watermark) Commit(end pglogrepl.LSN) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.open = false
+	w.addMark(end)
+}
+
+// Keepalive records the server's WAL end from a keepalive. Everything the
+// server decoded before it has reached us, so it may be confirmed behind the
+// events already recorded, unless a transaction is open: then it is dropped
+// and a later keepalive or the commit will carry the position.
+func (w *Watermark) Keepalive(walEnd pglogrepl.LSN) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.open {
+		return
+	}
+	w.addMark(walEnd)
+}
+
+// addMark queues lsn behind the events recorded so far. Marks that share a
+// sequence number collapse into one, which bounds the queue by the number of
+// events in flight. Caller holds mu.
+func (w *Watermark) addMark(lsn pglogrepl.LSN) {
+	if n := len(w.marks); n > 0 && w.marks[n-1].seq == w.next {
+		w.marks[n-1].lsn = max(w.marks[n-1].lsn, lsn)
+	} else {
+		w.marks = append(w.marks, mark{seq: w.next, lsn: lsn})
+	}
+	w.release()
+}
+
+// Ack records the broker's confirm of event seq. Acks may arrive in any order.
+func (w *Watermark) Ack(seq uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if seq < w.acked {
+		return
+	}
+	w.early[seq] = struct{}{}
+	for {
+		if _, ok := w.early[w.acked]; !ok {
+			break
+		}
+		delete(w.early, w.acked)
+		w.acked++
+	}
+	w.release()
+}
+
+// release moves the position over every mark whose events are all acked.
+// Caller holds mu.
+func (w *Watermark) release() {
+	i := 0
+	for ; i < len(w.marks) && w.marks[i].seq <= w.acked; i++ {
+		w.position = max(w.position, w.marks[i].lsn)
+	}
+	if i > 0 {
+		w.marks = append(w.marks[:0], w.marks[i:]...)
+	}
+}
+
+// Position is the LSN that may be reported as written, flushed and applied.
+func (w *Watermark) Position() pglogrepl.LSN {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.position
+}
+
+// Pending is the number of recorded events not yet acked.
+func (w *Watermark) Pending() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return int(w.next - w.acked)
+}

@@ -1,0 +1,216 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// ErrSchema marks an outbox row the relay cannot map to a message: an
+// unknown relation or a required column missing or NULL. Nothing past it may
+// be confirmed.
+var ErrSchema = errors.New("outbox schema mismatch")
+
+// ErrProtocol marks messages in an order pgoutput never sends them.
+var ErrProtocol = errors.New("pgoutput protocol violation")
+
+// Mapping names the outbox table and the columns the relay reads.
+// Optional columns (Headers, Exchange, Type) are used when the table has them.
+type Mapping struct {
+	Schema, Table                  string
+	ID, RoutingKey, Payload        string
+	Headers, Exchange, MessageType string
+}
+
+// Event is one outbox row, ready to publish. Its byte slices are owned by
+// the event (copied out of the replication buffer).
+type Event struct {
+	ID         string
+	RoutingKey string
+	Payload    []byte
+	Headers    []byte // JSON object, nil when the column is absent or NULL
+	Exchange   string // empty: the configured default
+	Type       string
+	CommitLSN  pglogrepl.LSN
+	CommitTime time.Time
+	Index      int    // position of the event among the outbox rows of its transaction
+	Seq        uint64 // position in the session's stream, assigned by the watermark tracker
+}
+
+// Size is the event's weight against the in-flight byte budget.
+func (e *Event) Size() int {
+	return len(e.ID) + len(e.RoutingKey) + len(e.Payload) + len(e.Headers) + len(e.Exchange) + len(e.Type)
+}
+
+// Kind says what a decoded message means to the relay.
+type Kind int
+
+// The kinds of Step.
+const (
+	KindNone   Kind = iota // nothing to do (ignored message, other table, relation)
+	KindBegin              // a transaction opened
+	KindEvent              // an outbox row
+	KindCommit             // a transaction closed; Commit.TransactionEndLSN may be confirmed once acked
+)
+
+// Step is the result of decoding one message.
+type Step struct {
+	Kind   Kind
+	Event  Event
+	Commit Commit
+}
+
+// Decoder turns pgoutput messages into outbox events. It holds the relation
+// cache and the open transaction, so one Decoder serves one replication
+// session and is not safe for concurrent use.
+type Decoder struct {
+	mapping   Mapping
+	relations map[uint32]*relation
+	open      bool
+	begin     Begin
+	index     int
+}
+
+// relation is a cached Relation with the mapping resolved to tuple indexes
+// (-1 when absent). problem is set when a required column is missing; it is
+// reported only when a row of the relation must be published, so schema
+// changes that come with deletes or updates only do not stop the relay.
+type relation struct {
+	outbox                                       bool
+	id, key, payload, headers, exchange, msgType int
+	columns                                      int
+	problem                                      error
+}
+
+// NewDecoder returns a Decoder for the given mapping.
+func NewDecoder(m Mapping) *Decoder {
+	return &Decoder{mapping: m, relations: make(map[uint32]*relation)}
+}
+
+// InTransaction reports whether a Begin has been seen without its Commit.
+func (d *Decoder) InTransaction() bool { return d.open }
+
+// Decode consumes one pgoutput message.
+func (d *Decoder) Decode(data []byte) (Step, error) {
+	msg, err := Parse(data)
+	if err != nil {
+		return Step{}, err
+	}
+	switch m := msg.(type) {
+	case *Begin:
+		if d.open {
+			return Step{}, fmt.Errorf("%w: begin of xid %d inside xid %d", ErrProtocol, m.Xid, d.begin.Xid)
+		}
+		d.open, d.begin, d.index = true, *m, 0
+		return Step{Kind: KindBegin}, nil
+	case *Commit:
+		if !d.open {
+			return Step{}, fmt.Errorf("%w: commit %s without begin", ErrProtocol, m.CommitLSN)
+		}
+		d.open = false
+		return Step{Kind: KindCommit, Commit: *m}, nil
+	case *Relation:
+		d.relations[m.ID] = d.resolve(m)
+		return Step{}, nil
+	case *Insert:
+		return d.insert(m)
+	default:
+		return Step{}, nil
+	}
+}
+
+func (d *Decoder) resolve(m *Relation) *relation {
+	rel := &relation{columns: len(m.Columns)}
+	if m.Namespace != d.mapping.Schema || m.Name != d.mapping.Table {
+		return rel
+	}
+	rel.outbox = true
+	index := func(name string) int {
+		for i, c := range m.Columns {
+			if name != "" && c.Name == name {
+				return i
+			}
+		}
+		return -1
+	}
+	rel.id, rel.key, rel.payload = index(d.mapping.ID), index(d.mapping.RoutingKey), index(d.mapping.Payload)
+	rel.headers, rel.exchange, rel.msgType = index(d.mapping.Headers), index(d.mapping.Exchange), index(d.mapping.MessageType)
+	for _, req := range []struct {
+		name string
+		at   int
+	}{{d.mapping.ID, rel.id}, {d.mapping.RoutingKey, rel.key}, {d.mapping.Payload, rel.payload}} {
+		if req.at < 0 {
+			rel.problem = fmt.Errorf("%w: table %s.%s has no column %q", ErrSchema, m.Namespace, m.Name, req.name)
+			break
+		}
+	}
+	return rel
+}
+
+func (d *Decoder) insert(m *Insert) (Step, error) {
+	if !d.open {
+		return Step{}, fmt.Errorf("%w: insert outside a transaction", ErrProtocol)
+	}
+	rel, ok := d.relations[m.RelationID]
+	if !ok {
+		return Step{}, fmt.Errorf("%w: insert into relation %d before its relation message", ErrSchema, m.RelationID)
+	}
+	if !rel.outbox {
+		return Step{}, nil
+	}
+	if rel.problem != nil {
+		return Step{}, rel.problem
+	}
+	if len(m.Tuple) != rel.columns {
+		return Step{}, fmt.Errorf("%w: row has %d columns, relation has %d", ErrSchema, len(m.Tuple), rel.columns)
+	}
+	ev := Event{CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, Index: d.index}
+	var err error
+	if ev.ID, err = d.text(m.Tuple, rel.id, d.mapping.ID); err != nil {
+		return Step{}, err
+	}
+	if ev.RoutingKey, err = d.text(m.Tuple, rel.key, d.mapping.RoutingKey); err != nil {
+		return Step{}, err
+	}
+	payload := m.Tuple[rel.payload]
+	if payload.Kind != 't' {
+		return Step{}, fmt.Errorf("%w: event %s: column %q is %s", ErrSchema, ev.ID, d.mapping.Payload, describe(payload.Kind))
+	}
+	// The tuple aliases the connection's read buffer, which the next receive
+	// overwrites: copy what the event keeps.
+	ev.Payload = append([]byte(nil), payload.Data...)
+	ev.Headers = optional(m.Tuple, rel.headers)
+	ev.Exchange = string(optional(m.Tuple, rel.exchange))
+	ev.Type = string(optional(m.Tuple, rel.msgType))
+	d.index++
+	return Step{Kind: KindEvent, Event: ev}, nil
+}
+
+func (d *Decoder) text(tuple []Value, at int, name string) (string, error) {
+	v := tuple[at]
+	if v.Kind != 't' {
+		return "", fmt.Errorf("%w: column %q is %s", ErrSchema, name, describe(v.Kind))
+	}
+	return string(v.Data), nil
+}
+
+func optional(tuple []Value, at int) []byte {
+	if at < 0 || tuple[at].Kind != 't' {
+		return nil
+	}
+	return append([]byte(nil), tuple[at].Data...)
+}
+
+func describe(kind byte) string {
+	switch kind {
+	case 'n':
+		return "NULL"
+	case 'u':
+		return "an unchanged TOAST value"
+	case 'b':
+		return "in binary format"
+	}
+	return fmt.Sprintf("of unknown kind %q", kind)
+}

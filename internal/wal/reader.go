@@ -1,0 +1,266 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Marks records the stream's shape for the ack watermark (slot.Watermark).
+type Marks interface {
+	Begin()
+	Event() uint64
+	Commit(end pglogrepl.LSN)
+	Keepalive(walEnd pglogrepl.LSN)
+	Position() pglogrepl.LSN
+}
+
+// Reader owns the replication connection: it is the only goroutine that
+// reads from or writes to Conn. It decodes the stream, hands events to the
+// publisher through Out and reports the acknowledged position back to the
+// server. It never blocks on the broker: when Out is full it stops reading
+// but keeps sending status updates, so the walsender is not killed for a
+// slow broker (DESIGN.md invariant 5).
+type Reader struct {
+	Conn    *pgconn.PgConn
+	Decoder *Decoder
+	Marks   Marks
+	Out     chan<- Event // closed by Run when it returns
+
+	// StatusInterval bounds the time between two status updates; use at
+	// most min(10s, wal_sender_timeout/2).
+	StatusInterval time.Duration
+	// Stop asks for a graceful stop when closed: read no more, keep
+	// reporting the position until Drained is closed (the publisher has every
+	// in-flight confirm) or the Run context ends, then send a final status
+	// update.
+	Stop    <-chan struct{}
+	Drained <-chan struct{}
+
+	Log     *slog.Logger
+	Metrics *Metrics
+
+	sent     pglogrepl.LSN // last position reported to the server
+	lastSent time.Time
+	closed   bool // Out has been closed
+}
+
+// progressDelay is how soon an advanced position is reported, so the slot
+// follows acks closely without one update per ack.
+const progressDelay = 200 * time.Millisecond
+
+// Run streams until ctx ends, Stop is closed or an error occurs.
+func (r *Reader) Run(ctx context.Context) error {
+	defer r.closeOut()
+	// stopping ends with Stop, so a receive in progress returns at once.
+	stopping, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.Stop:
+			cancel()
+		case <-stopping.Done():
+		}
+	}()
+	var pending *Event // decoded, waiting for room in Out
+	for {
+		if pending != nil {
+			if err := r.offer(ctx, pending); err != nil {
+				return err
+			}
+			if r.stopped() {
+				return r.drain(ctx)
+			}
+			pending = nil
+			continue
+		}
+		if r.stopped() {
+			return r.drain(ctx)
+		}
+		if err := r.maybeSendStatus(false); err != nil {
+			return err
+		}
+		ev, err := r.receive(ctx, stopping)
+		if err != nil {
+			if r.stopped() {
+				return r.drain(ctx)
+			}
+			return err
+		}
+		pending = ev
+	}
+}
+
+// offer waits for room in Out while keeping status updates flowing.
+func (r *Reader) offer(ctx context.Context, ev *Event) error {
+	tick := time.NewTicker(progressDelay)
+	defer tick.Stop()
+	for {
+		select {
+		case r.Out <- *ev:
+			return nil
+		case <-tick.C:
+			if err := r.maybeSendStatus(false); err != nil {
+				return err
+			}
+		case <-r.Stop:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (r *Reader) stopped() bool {
+	select {
+	case <-r.Stop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *Reader) closeOut() {
+	if !r.closed {
+		r.closed = true
+		close(r.Out)
+	}
+}
+
+// receive reads one message and returns the event it carries, if any.
+// stopping is ctx, also ended by Stop.
+func (r *Reader) receive(ctx, stopping context.Context) (*Event, error) {
+	rctx, cancel := context.WithTimeout(stopping, progressDelay)
+	msg, err := r.Conn.ReceiveMessage(rctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if pgconn.Timeout(err) || errors.Is(err, context.Canceled) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("receive replication message: %w", err)
+	}
+	switch m := msg.(type) {
+	case *pgproto3.CopyData:
+		return r.handleCopyData(m.Data)
+	case *pgproto3.ErrorResponse:
+		return nil, fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
+	case *pgproto3.CopyDone:
+		return nil, errors.New("replication stream: server ended the copy")
+	default:
+		r.Log.Debug("ignoring replication protocol message", "type", fmt.Sprintf("%T", msg))
+		return nil, nil
+	}
+}
+
+func (r *Reader) handleCopyData(data []byte) (*Event, error) {
+	if len(data) == 0 {
+		return nil, errors.New("replication stream: empty CopyData")
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return nil, fmt.Errorf("parse keepalive: %w", err)
+		}
+		r.Marks.Keepalive(ka.ServerWALEnd)
+		return nil, r.maybeSendStatus(ka.ReplyRequested)
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return nil, fmt.Errorf("parse XLogData: %w", err)
+		}
+		return r.decode(xld)
+	default:
+		return nil, fmt.Errorf("replication stream: unknown CopyData type %q", data[0])
+	}
+}
+
+func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
+	step, err := r.Decoder.Decode(xld.WALData)
+	if err != nil {
+		// Nothing at or past this message is confirmed: the session ends here
+		// and the next one starts from the slot's confirmed position.
+		return nil, fmt.Errorf("decode message at %s: %w", xld.WALStart, err)
+	}
+	switch step.Kind {
+	case KindBegin:
+		r.Marks.Begin()
+	case KindCommit:
+		r.Marks.Commit(step.Commit.TransactionEndLSN)
+		r.Metrics.commits.Inc()
+	case KindEvent:
+		ev := step.Event
+		ev.Seq = r.Marks.Event()
+		r.Metrics.decoded.Inc()
+		return &ev, nil
+	}
+	return nil, nil
+}
+
+// maybeSendStatus reports the position when the server asked, when the
+// interval has passed, or when the position moved and progressDelay passed.
+func (r *Reader) maybeSendStatus(force bool) error {
+	pos := r.Marks.Position()
+	since := time.Since(r.lastSent)
+	if !force && since < r.StatusInterval && (pos <= r.sent || since < progressDelay) {
+		return nil
+	}
+	return r.sendStatus(pos)
+}
+
+// sendStatus reports pos as written, flushed and applied. All three are set
+// explicitly (pglogrepl would copy write into a zero flush) and the value
+// never goes below what was sent before.
+func (r *Reader) sendStatus(pos pglogrepl.LSN) error {
+	pos = max(pos, r.sent)
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), r.Conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pos,
+		WALFlushPosition: pos,
+		WALApplyPosition: pos,
+		ClientTime:       time.Now(),
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status update: %w", err)
+	}
+	if pos > r.sent {
+		r.Log.Debug("confirmed position", "lsn", pos)
+	}
+	r.sent, r.lastSent = pos, time.Now()
+	r.Metrics.confirmed.Set(float64(pos))
+	return nil
+}
+
+// drain runs after Stop: no more reading; status updates continue until the
+// publisher has drained (or ctx ends), then a final one is sent.
+func (r *Reader) drain(ctx context.Context) error {
+	tick := time.NewTicker(progressDelay)
+	defer tick.Stop()
+	r.closeOut() // the publisher finishes what it has, then closes Drained
+	for {
+		select {
+		case <-r.Drained:
+			return r.sendStatus(r.Marks.Position())
+		case <-ctx.Done():
+			if err := r.sendStatus(r.Marks.Position()); err != nil {
+				r.Log.Warn("final status update failed", "error", err)
+			}
+			return ctx.Err()
+		case <-tick.C:
+			if err := r.maybeSendStatus(false); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Sent is the last position reported to the server.
+func (r *Reader) Sent() pglogrepl.LSN { return r.sent }
