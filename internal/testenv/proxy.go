@@ -1,0 +1,285 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// proxyDialTimeout bounds connecting to the proxy's target.
+const proxyDialTimeout = 5 * time.Second
+
+// direction of a byte stream through the proxy.
+type direction int
+
+const (
+	upstream   direction = iota // client -> target
+	downstream                  // target -> client
+)
+
+// Proxy is a TCP proxy on 127.0.0.1 that forwards to one target and can
+// stall, black-hole or cut the traffic, to test how PostgreSQL and RabbitMQ
+// clients cope with network faults.
+//
+// Holds and the blackhole apply to current and future connections. While a
+// direction is held, the proxy stops reading that side beyond one buffered
+// chunk, so bytes queue up (in the kernel and the proxy) and are delivered in
+// order once released; the sender sees no error, as with a stalled network.
+type Proxy struct {
+	target string
+	ln     net.Listener
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	cond      *sync.Cond // signalled whenever a gate or a link's state changes
+	holdUp    bool
+	holdDown  bool
+	blackhole bool
+	closed    bool
+	links     map[*proxyLink]struct{}
+}
+
+// proxyLink is one client connection and its connection to the target.
+type proxyLink struct {
+	client net.Conn
+	server net.Conn // nil until dialled
+	dead   bool     // guarded by Proxy.mu; set when Reset or Close cut it
+}
+
+// NewProxy listens on a free 127.0.0.1 port and forwards every connection to
+// target ("host:port").
+func NewProxy(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("new proxy to %s: listen: %w", target, err)
+	}
+	p := &Proxy{target: target, ln: ln, links: make(map[*proxyLink]struct{})}
+	p.cond = sync.NewCond(&p.mu)
+	p.wg.Add(1)
+	go p.acceptLoop()
+	return p, nil
+}
+
+// Addr is the "127.0.0.1:PORT" clients should connect to.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Target is the address the proxy forwards to.
+func (p *Proxy) Target() string { return p.target }
+
+// HoldDownstream stops (true) or resumes (false) forwarding target->client
+// bytes. Held bytes are kept and delivered in order on resume.
+func (p *Proxy) HoldDownstream(hold bool) { p.setGate(func() { p.holdDown = hold }) }
+
+// HoldUpstream stops (true) or resumes (false) forwarding client->target
+// bytes. Held bytes are kept and delivered in order on resume.
+func (p *Proxy) HoldUpstream(hold bool) { p.setGate(func() { p.holdUp = hold }) }
+
+// Blackhole simulates a network partition: nothing moves in either direction
+// and neither side gets an error (no RST, no FIN). New connections are
+// accepted but not connected to the target until the blackhole is lifted.
+// As with TCP retransmission after a partition heals, bytes sent meanwhile
+// are delivered when it is lifted; to kill the connections, call Reset.
+func (p *Proxy) Blackhole(on bool) { p.setGate(func() { p.blackhole = on }) }
+
+// Reset abruptly closes all current connections, with an RST to both the
+// client and the target (SO_LINGER 0). New connections work as before.
+func (p *Proxy) Reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for l := range p.links {
+		p.killLocked(l)
+	}
+}
+
+// ActiveConns is the number of client connections currently proxied.
+func (p *Proxy) ActiveConns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.links)
+}
+
+// Close stops listening, resets all connections and waits for the proxy's
+// goroutines to end.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	for l := range p.links {
+		p.killLocked(l)
+	}
+	p.mu.Unlock()
+	err := p.ln.Close()
+	p.wg.Wait()
+	if err != nil {
+		return fmt.Errorf("close proxy: %w", err)
+	}
+	return nil
+}
+
+func (p *Proxy) setGate(set func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	set()
+	p.cond.Broadcast()
+}
+
+// killLocked closes both ends of a link with an RST. p.mu must be held.
+func (p *Proxy) killLocked(l *proxyLink) {
+	if l.dead {
+		return
+	}
+	l.dead = true
+	delete(p.links, l)
+	abort(l.client)
+	if l.server != nil {
+		abort(l.server)
+	}
+	p.cond.Broadcast()
+}
+
+// abort closes c so that the peer gets an RST rather than a FIN.
+func abort(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+func (p *Proxy) acceptLoop() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return // listener closed
+		}
+		l := &proxyLink{client: client}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			abort(client)
+			return
+		}
+		p.links[l] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(1)
+		go p.serve(l)
+	}
+}
+
+// serve connects a link to the target (once no blackhole is in the way) and
+// pumps both directions until both are finished or the link is killed.
+func (p *Proxy) serve(l *proxyLink) {
+	defer p.wg.Done()
+	if !p.waitForPath(l) {
+		return
+	}
+	server, err := net.DialTimeout("tcp", p.target, proxyDialTimeout)
+	if err != nil {
+		// The target is down: make the client see a refused-like failure.
+		p.mu.Lock()
+		p.killLocked(l)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Lock()
+	if l.dead {
+		p.mu.Unlock()
+		abort(server)
+		return
+	}
+	l.server = server
+	p.mu.Unlock()
+
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go func() { defer pumps.Done(); p.pump(l, upstream, l.client, server) }()
+	go func() { defer pumps.Done(); p.pump(l, downstream, server, l.client) }()
+	pumps.Wait()
+
+	p.mu.Lock()
+	if !l.dead {
+		l.dead = true
+		delete(p.links, l)
+	}
+	p.mu.Unlock()
+	_ = l.client.Close()
+	_ = server.Close()
+}
+
+// waitForPath blocks while the proxy is black-holed; false means the link
+// was killed meanwhile.
+func (p *Proxy) waitForPath(l *proxyLink) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.blackhole && !l.dead {
+		p.cond.Wait()
+	}
+	return !l.dead
+}
+
+// pump copies src to dst, pausing before each write while dir is held.
+// A clean EOF is passed on as a half-close so protocols that shut down one
+// side first still work; any error cuts the whole link.
+func (p *Proxy) pump(l *proxyLink, dir direction, src, dst net.Conn) {
+	buf := make([]byte, 32*1024)
+	for {
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			if !p.waitGate(l, dir) {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				p.cut(l)
+				return
+			}
+		}
+		if rerr == nil {
+			continue
+		}
+		if errors.Is(rerr, io.EOF) {
+			if !p.waitGate(l, dir) {
+				return
+			}
+			if tc, ok := dst.(*net.TCPConn); ok {
+				_ = tc.CloseWrite()
+			}
+			return
+		}
+		p.cut(l)
+		return
+	}
+}
+
+// waitGate blocks while dir is held or black-holed; false means the link was
+// killed meanwhile.
+func (p *Proxy) waitGate(l *proxyLink, dir direction) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for !l.dead && p.gateClosedLocked(dir) {
+		p.cond.Wait()
+	}
+	return !l.dead
+}
+
+func (p *Proxy) gateClosedLocked(dir direction) bool {
+	if p.blackhole {
+		return true
+	}
+	if dir == upstream {
+		return p.holdUp
+	}
+	return p.holdDown
+}
+
+// cut propagates a failure on one side as an RST on the other.
+func (p *Proxy) cut(l *proxyLink) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.killLocked(l)
+}

@@ -1,0 +1,189 @@
+package testenv
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func TestProxyForwards(t *testing.T) {
+	t.Parallel()
+	p := MustProxy(t, echoServer(t))
+	c := dial(t, p.Addr())
+	roundTrip(t, c, "hello")
+	roundTrip(t, c, "again")
+	if n := p.ActiveConns(); n != 1 {
+		t.Errorf("ActiveConns = %d, want 1", n)
+	}
+}
+
+func TestProxyHoldDownstream(t *testing.T) {
+	t.Parallel()
+	p := MustProxy(t, echoServer(t))
+	c := dial(t, p.Addr())
+	roundTrip(t, c, "warm")
+
+	p.HoldDownstream(true)
+	write(t, c, "one")
+	write(t, c, "two")
+	expectSilence(t, c, 300*time.Millisecond)
+	// A connection opened while held is held too.
+	c2 := dial(t, p.Addr())
+	write(t, c2, "three")
+	expectSilence(t, c2, 100*time.Millisecond)
+
+	p.HoldDownstream(false)
+	expect(t, c, "onetwo")
+	expect(t, c2, "three")
+}
+
+func TestProxyHoldUpstream(t *testing.T) {
+	t.Parallel()
+	p := MustProxy(t, echoServer(t))
+	c := dial(t, p.Addr())
+	p.HoldUpstream(true)
+	write(t, c, "queued")
+	expectSilence(t, c, 200*time.Millisecond)
+	p.HoldUpstream(false)
+	expect(t, c, "queued")
+}
+
+func TestProxyReset(t *testing.T) {
+	t.Parallel()
+	p := MustProxy(t, echoServer(t))
+	c := dial(t, p.Addr())
+	roundTrip(t, c, "ping")
+
+	p.Reset()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.Read(make([]byte, 8))
+	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after Reset: err = %v, want the connection broken", err)
+	}
+	// The proxy itself keeps working.
+	roundTrip(t, dial(t, p.Addr()), "pong")
+}
+
+func TestProxyBlackhole(t *testing.T) {
+	t.Parallel()
+	p := MustProxy(t, echoServer(t))
+	c := dial(t, p.Addr())
+	roundTrip(t, c, "ping")
+
+	p.Blackhole(true)
+	write(t, c, "lost?")
+	expectSilence(t, c, 200*time.Millisecond)
+	// New connections are accepted but go nowhere.
+	c2 := dial(t, p.Addr())
+	write(t, c2, "new")
+	expectSilence(t, c2, 100*time.Millisecond)
+
+	p.Blackhole(false)
+	expect(t, c, "lost?")
+	expect(t, c2, "new")
+}
+
+func TestProxyClose(t *testing.T) {
+	t.Parallel()
+	p, err := NewProxy(echoServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, p.Addr())
+	roundTrip(t, c, "x")
+	p.HoldDownstream(true) // Close must not hang on a held link
+	write(t, c, "y")
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if conn, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
+		conn.Close()
+		t.Error("proxy still accepts after Close")
+	}
+}
+
+// echoServer returns the address of a TCP server that echoes everything.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func write(t *testing.T, c net.Conn, s string) {
+	t.Helper()
+	if _, err := c.Write([]byte(s)); err != nil {
+		t.Fatalf("write %q: %v", s, err)
+	}
+}
+
+func expect(t *testing.T, c net.Conn, want string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, len(want))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatalf("read %q: got %q, %v", want, buf, err)
+	}
+	if string(buf) != want {
+		t.Fatalf("read %q, want %q", buf, want)
+	}
+}
+
+func roundTrip(t *testing.T, c net.Conn, s string) {
+	t.Helper()
+	write(t, c, s)
+	expect(t, c, s)
+}
+
+// expectSilence asserts nothing arrives on c for d.
+func expectSilence(t *testing.T, c net.Conn, d time.Duration) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("expected nothing for %v, got %q, err %v", d, buf[:n], err)
+	}
+}
+
+func proxyPort(t *testing.T, p *Proxy) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
