@@ -1,0 +1,824 @@
+package charttest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// goodValues are the values files every good-path check runs over.
+var goodValues = []string{"single.yaml", "multi.yaml", "monitoring.yaml", "files.yaml"}
+
+var pgName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// relayDefaults are the relay's documented defaults for the variables the chart
+// sets; with the chart's default values a relay gets exactly these.
+var relayDefaults = map[string]string{
+	"CDCRELAY_EXCHANGE":            "events",
+	"CDCRELAY_TABLE":               "public.event_outbox",
+	"CDCRELAY_PUBLICATION":         "cdcrelay_outbox",
+	"CDCRELAY_SLOT":                "cdcrelay_outbox",
+	"CDCRELAY_HTTP_ADDR":           ":8080",
+	"CDCRELAY_ID_COLUMN":           "id",
+	"CDCRELAY_ROUTING_KEY_COLUMN":  "routing_key",
+	"CDCRELAY_PAYLOAD_COLUMN":      "payload",
+	"CDCRELAY_HEADERS_COLUMN":      "headers",
+	"CDCRELAY_EXCHANGE_COLUMN":     "exchange",
+	"CDCRELAY_TYPE_COLUMN":         "event_type",
+	"CDCRELAY_MAX_IN_FLIGHT":       "1000",
+	"CDCRELAY_MAX_IN_FLIGHT_BYTES": "16777216", // 16MiB
+	"CDCRELAY_CONFIRM_TIMEOUT":     "30s",
+	"CDCRELAY_STATUS_INTERVAL":     "10s",
+	"CDCRELAY_SHUTDOWN_TIMEOUT":    "15s",
+	"CDCRELAY_BACKOFF_MIN":         "500ms",
+	"CDCRELAY_BACKOFF_MAX":         "30s",
+	"CDCRELAY_AMQP_HEARTBEAT":      "10s",
+	"CDCRELAY_LOG_LEVEL":           "info",
+}
+
+// env returns the container's env as a map, failing on a duplicate name.
+func env(t *testing.T, c corev1.Container) map[string]corev1.EnvVar {
+	t.Helper()
+	m := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		if _, dup := m[e.Name]; dup {
+			t.Errorf("container %s: env %s is set twice", c.Name, e.Name)
+		}
+		m[e.Name] = e
+	}
+	return m
+}
+
+func envValue(t *testing.T, d *appsv1.Deployment, name string) string {
+	t.Helper()
+	e, ok := env(t, relay(t, d))[name]
+	if !ok {
+		t.Fatalf("Deployment %s: no env %s", d.Name, name)
+	}
+	if e.ValueFrom != nil {
+		t.Fatalf("Deployment %s: env %s comes from valueFrom, want a value", d.Name, name)
+	}
+	return e.Value
+}
+
+func relay(t *testing.T, d *appsv1.Deployment) corev1.Container {
+	t.Helper()
+	cs := d.Spec.Template.Spec.Containers
+	if len(cs) != 1 || cs[0].Name != "relay" {
+		t.Fatalf("Deployment %s: want exactly one container named relay, got %d", d.Name, len(cs))
+	}
+	return cs[0]
+}
+
+func selectorOf(t *testing.T, ls *metav1.LabelSelector) labels.Selector {
+	t.Helper()
+	if ls == nil || (len(ls.MatchLabels) == 0 && len(ls.MatchExpressions) == 0) {
+		t.Fatalf("empty label selector")
+	}
+	s, err := metav1.LabelSelectorAsSelector(ls)
+	if err != nil {
+		t.Fatalf("label selector %v: %v", ls, err)
+	}
+	return s
+}
+
+func checkMeta(t *testing.T, kind string, m metav1.ObjectMeta) {
+	t.Helper()
+	if errs := validation.IsDNS1123Label(m.Name); len(errs) > 0 {
+		t.Errorf("%s name %q: %v", kind, m.Name, errs)
+	}
+	if m.Namespace != namespace {
+		t.Errorf("%s %s: namespace %q, want %q", kind, m.Name, m.Namespace, namespace)
+	}
+	for k, v := range m.Labels {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			t.Errorf("%s %s: label key %q: %v", kind, m.Name, k, errs)
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			t.Errorf("%s %s: label %s value %q: %v", kind, m.Name, k, v, errs)
+		}
+	}
+	if m.Labels["app.kubernetes.io/instance"] != releaseName {
+		t.Errorf("%s %s: no app.kubernetes.io/instance=%s label", kind, m.Name, releaseName)
+	}
+}
+
+// checkRelease checks what must hold for every rendered release: the hardened pod,
+// probes, URLs from Secrets, a Service and a PDB per source, distinct slots.
+func checkRelease(t *testing.T, r *Rendered) {
+	t.Helper()
+	slots, pubs := map[string]string{}, map[string]string{}
+	for _, sa := range r.ServiceAccounts {
+		checkMeta(t, "ServiceAccount", sa.ObjectMeta)
+		if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+			t.Errorf("ServiceAccount %s mounts its token", sa.Name)
+		}
+	}
+	for _, s := range r.Services {
+		checkMeta(t, "Service", s.ObjectMeta)
+	}
+	for _, p := range r.PDBs {
+		checkMeta(t, "PodDisruptionBudget", p.ObjectMeta)
+	}
+	for _, d := range r.Deployments {
+		checkMeta(t, "Deployment", d.ObjectMeta)
+		checkDeployment(t, r, d)
+		slot := envValue(t, d, "CDCRELAY_SLOT")
+		pub := envValue(t, d, "CDCRELAY_PUBLICATION")
+		if !pgName.MatchString(slot) || !pgName.MatchString(pub) {
+			t.Errorf("Deployment %s: slot %q or publication %q is not a valid name", d.Name, slot, pub)
+		}
+		if other, dup := slots[slot]; dup {
+			t.Errorf("Deployments %s and %s share slot %s", other, d.Name, slot)
+		}
+		if other, dup := pubs[pub]; dup {
+			t.Errorf("Deployments %s and %s share publication %s", other, d.Name, pub)
+		}
+		slots[slot], pubs[pub] = d.Name, d.Name
+	}
+}
+
+func checkDeployment(t *testing.T, r *Rendered, d *appsv1.Deployment) {
+	t.Helper()
+	pod := d.Spec.Template
+	sel := selectorOf(t, d.Spec.Selector)
+	if !sel.Matches(labels.Set(pod.Labels)) {
+		t.Errorf("Deployment %s: selector %s does not match its pod labels %v", d.Name, sel, pod.Labels)
+	}
+	for _, other := range r.Deployments {
+		if other != d && sel.Matches(labels.Set(other.Spec.Template.Labels)) {
+			t.Errorf("Deployment %s's selector also matches the pods of %s", d.Name, other.Name)
+		}
+	}
+	if d.Spec.Replicas == nil {
+		t.Fatalf("Deployment %s: replicas unset", d.Name)
+	}
+
+	// Pod security.
+	ps := pod.Spec.SecurityContext
+	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot {
+		t.Errorf("Deployment %s: pod runAsNonRoot is not true", d.Name)
+	}
+	if ps != nil && (ps.RunAsUser == nil || *ps.RunAsUser == 0) {
+		t.Errorf("Deployment %s: pod runAsUser unset or root", d.Name)
+	}
+	if ps == nil || ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("Deployment %s: pod seccompProfile is not RuntimeDefault", d.Name)
+	}
+	if s := pod.Spec.AutomountServiceAccountToken; s == nil || *s {
+		t.Errorf("Deployment %s: the service account token is mounted", d.Name)
+	}
+	if !slices.ContainsFunc(r.ServiceAccounts, func(sa *corev1.ServiceAccount) bool { return sa.Name == pod.Spec.ServiceAccountName }) {
+		t.Errorf("Deployment %s: service account %q is not rendered", d.Name, pod.Spec.ServiceAccountName)
+	}
+
+	c := relay(t, d)
+	if c.Image == "" || !slices.Equal(c.Command, []string{"/cdcrelay"}) || !slices.Equal(c.Args, []string{"run"}) {
+		t.Errorf("Deployment %s: image %q command %v args %v, want /cdcrelay run", d.Name, c.Image, c.Command, c.Args)
+	}
+	sc := c.SecurityContext
+	switch {
+	case sc == nil:
+		t.Fatalf("Deployment %s: no container securityContext", d.Name)
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		t.Errorf("Deployment %s: allowPrivilegeEscalation is not false", d.Name)
+	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+		t.Errorf("Deployment %s: readOnlyRootFilesystem is not true", d.Name)
+	case sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot:
+		t.Errorf("Deployment %s: container runAsNonRoot is not true", d.Name)
+	case sc.Privileged != nil && *sc.Privileged:
+		t.Errorf("Deployment %s: privileged", d.Name)
+	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0:
+		t.Errorf("Deployment %s: capabilities %+v, want drop [ALL] and no add", d.Name, sc.Capabilities)
+	case sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		t.Errorf("Deployment %s: container seccompProfile is not RuntimeDefault", d.Name)
+	}
+
+	// Port and probes.
+	if len(c.Ports) != 1 || c.Ports[0].Name != "http" || c.Ports[0].ContainerPort != 8080 {
+		t.Errorf("Deployment %s: ports %+v, want http 8080", d.Name, c.Ports)
+	}
+	for _, p := range []struct {
+		what  string
+		probe *corev1.Probe
+		path  string
+	}{{"liveness", c.LivenessProbe, "/healthz"}, {"readiness", c.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil {
+			t.Errorf("Deployment %s: no %s httpGet probe", d.Name, p.what)
+			continue
+		}
+		if p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port.String() != "http" {
+			t.Errorf("Deployment %s: %s probe %s on port %s, want %s on http", d.Name, p.what, p.probe.HTTPGet.Path, p.probe.HTTPGet.Port.String(), p.path)
+		}
+		if p.probe.PeriodSeconds < 1 || p.probe.FailureThreshold < 1 || p.probe.TimeoutSeconds < 1 {
+			t.Errorf("Deployment %s: %s probe timings %+v", d.Name, p.what, p.probe)
+		}
+	}
+	if c.Resources.Requests.Memory().IsZero() || c.Resources.Requests.Cpu().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("Deployment %s: resources %+v lack cpu/memory requests or a memory limit", d.Name, c.Resources)
+	}
+
+	// Configuration.
+	ev := env(t, c)
+	for name, e := range ev {
+		if !strings.HasPrefix(name, "CDCRELAY_") && name != "GOMEMLIMIT" {
+			t.Errorf("Deployment %s: unexpected env %s", d.Name, name)
+		}
+		if strings.HasSuffix(name, "_URL") && (e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
+			t.Errorf("Deployment %s: %s is not from a secretKeyRef: a URL with a password in the pod spec", d.Name, name)
+		}
+	}
+	if ev["CDCRELAY_HTTP_ADDR"].Value != ":8080" {
+		t.Errorf("Deployment %s: CDCRELAY_HTTP_ADDR %q, want :8080", d.Name, ev["CDCRELAY_HTTP_ADDR"].Value)
+	}
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range pod.Spec.Volumes {
+		volumes[v.Name] = v
+	}
+	for name := range mounts {
+		if _, ok := volumes[name]; !ok {
+			t.Errorf("Deployment %s: mount %s has no volume", d.Name, name)
+		}
+	}
+	for _, url := range []string{"CDCRELAY_DATABASE_URL", "CDCRELAY_AMQP_URL"} {
+		direct, hasDirect := ev[url]
+		file, hasFile := ev[url+"_FILE"]
+		switch {
+		case hasDirect == hasFile:
+			t.Errorf("Deployment %s: want exactly one of %s and %s_FILE", d.Name, url, url)
+		case hasDirect:
+			ref := direct.ValueFrom.SecretKeyRef
+			if ref.Name == "" || ref.Key == "" {
+				t.Errorf("Deployment %s: %s secretKeyRef %+v", d.Name, url, ref)
+			}
+		case hasFile:
+			checkFileSecret(t, d, file.Value, mounts, volumes)
+		}
+	}
+
+	// Shutdown: the kubelet must wait longer than the relay's drain.
+	stop := 15 * time.Second
+	if s, ok := ev["CDCRELAY_SHUTDOWN_TIMEOUT"]; ok {
+		var err error
+		if stop, err = time.ParseDuration(s.Value); err != nil {
+			t.Errorf("Deployment %s: CDCRELAY_SHUTDOWN_TIMEOUT %q: %v", d.Name, s.Value, err)
+		}
+	}
+	if g := pod.Spec.TerminationGracePeriodSeconds; g == nil {
+		t.Errorf("Deployment %s: terminationGracePeriodSeconds unset", d.Name)
+	} else if time.Duration(*g)*time.Second <= stop {
+		t.Errorf("Deployment %s: terminationGracePeriodSeconds %d is not above the shutdown timeout %s", d.Name, *g, stop)
+	}
+
+	// A metrics Service that selects exactly these pods, standbys included.
+	var svcs []*corev1.Service
+	for _, s := range r.Services {
+		if len(s.Spec.Selector) > 0 && labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(pod.Labels)) {
+			svcs = append(svcs, s)
+		}
+	}
+	if len(svcs) != 1 {
+		t.Errorf("Deployment %s: %d Services select its pods, want 1", d.Name, len(svcs))
+	} else {
+		s := svcs[0]
+		if len(s.Spec.Ports) != 1 || s.Spec.Ports[0].Name != "http" || s.Spec.Ports[0].TargetPort.String() != "http" {
+			t.Errorf("Service %s: ports %+v, want http -> http", s.Name, s.Spec.Ports)
+		}
+		if !s.Spec.PublishNotReadyAddresses {
+			t.Errorf("Service %s: a standby that is not ready would not be scraped", s.Name)
+		}
+	}
+
+	// Two or more replicas (one streams, one waits): a PDB with maxUnavailable 1.
+	var pdbs int
+	for _, p := range r.PDBs {
+		if selectorOf(t, p.Spec.Selector).Matches(labels.Set(pod.Labels)) {
+			pdbs++
+			if p.Spec.MaxUnavailable == nil || p.Spec.MaxUnavailable.IntValue() != 1 || p.Spec.MinAvailable != nil {
+				t.Errorf("PDB %s: maxUnavailable %v minAvailable %v, want maxUnavailable 1", p.Name, p.Spec.MaxUnavailable, p.Spec.MinAvailable)
+			}
+		}
+	}
+	want := 0
+	if *d.Spec.Replicas >= 2 {
+		want = 1
+	}
+	if pdbs != want {
+		t.Errorf("Deployment %s with %d replicas: %d PDBs, want %d", d.Name, *d.Spec.Replicas, pdbs, want)
+	}
+}
+
+// checkFileSecret checks that a *_FILE path lies in a read-only mount of a Secret volume.
+func checkFileSecret(t *testing.T, d *appsv1.Deployment, path string, mounts map[string]corev1.VolumeMount, volumes map[string]corev1.Volume) {
+	t.Helper()
+	for name, m := range mounts {
+		if filepath.Dir(path) != m.MountPath {
+			continue
+		}
+		v := volumes[name]
+		if v.Secret == nil || v.Secret.SecretName == "" {
+			t.Errorf("Deployment %s: %s is mounted from a volume that is not a Secret", d.Name, path)
+			return
+		}
+		if !m.ReadOnly {
+			t.Errorf("Deployment %s: Secret mount %s is writable", d.Name, m.MountPath)
+		}
+		if !slices.ContainsFunc(v.Secret.Items, func(k corev1.KeyToPath) bool { return k.Path == filepath.Base(path) && k.Key != "" }) {
+			t.Errorf("Deployment %s: Secret %s projects no key to %s", d.Name, v.Secret.SecretName, filepath.Base(path))
+		}
+		if v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o007 != 0 {
+			t.Errorf("Deployment %s: Secret %s file mode %v is readable by others", d.Name, v.Secret.SecretName, v.Secret.DefaultMode)
+		}
+		return
+	}
+	t.Errorf("Deployment %s: no volume mounted at %s", d.Name, filepath.Dir(path))
+}
+
+func TestLint(t *testing.T) {
+	t.Parallel()
+	for _, f := range goodValues {
+		t.Run(f, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"lint", "--strict", chartDir, "--kube-version", kubeVersion}, valuesArgs([]string{f})...)
+			out, stderr, err := runHelm(t, args...)
+			if err != nil {
+				t.Fatalf("helm lint: %v\n%s%s", err, out, stderr)
+			}
+			if !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
+				t.Fatalf("helm lint output:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestSingleSource(t *testing.T) {
+	t.Parallel()
+	r := render(t, []string{"single.yaml"})
+	checkRelease(t, r)
+	if len(r.Deployments) != 1 || len(r.Services) != 1 || len(r.PDBs) != 1 || len(r.ServiceAccounts) != 1 {
+		t.Fatalf("got %d Deployments, %d Services, %d PDBs, %d ServiceAccounts; want 1 each",
+			len(r.Deployments), len(r.Services), len(r.PDBs), len(r.ServiceAccounts))
+	}
+	if len(r.ServiceMonitors)+len(r.PrometheusRules) != 0 {
+		t.Errorf("monitoring objects rendered though monitoring is off by default")
+	}
+	d := r.Deployment(t, "rel-cdcrelay")
+	if *d.Spec.Replicas != 2 {
+		t.Errorf("replicas %d, want 2 (one streaming, one standby)", *d.Spec.Replicas)
+	}
+	c := relay(t, d)
+	ev := env(t, c)
+	// Without overrides, the chart hands the relay its documented defaults.
+	for name, want := range relayDefaults {
+		if got := envValue(t, d, name); got != want {
+			t.Errorf("%s = %q, want the relay default %q", name, got, want)
+		}
+	}
+	if got := envValue(t, d, "CDCRELAY_LOG_FORMAT"); got != "json" {
+		t.Errorf("CDCRELAY_LOG_FORMAT = %q, want json in a cluster", got)
+	}
+	for name, secret := range map[string]string{"CDCRELAY_DATABASE_URL": "orders-db", "CDCRELAY_AMQP_URL": "rabbitmq"} {
+		ref := ev[name].ValueFrom.SecretKeyRef
+		if ref.Name != secret || ref.Key != "url" {
+			t.Errorf("%s from secret %s key %s, want %s key url", name, ref.Name, ref.Key, secret)
+		}
+	}
+	if g := *d.Spec.Template.Spec.TerminationGracePeriodSeconds; g != 30 {
+		t.Errorf("terminationGracePeriodSeconds %d, want 15s shutdown + 15", g)
+	}
+	ps := d.Spec.Template.Spec.SecurityContext
+	if *ps.RunAsUser != 65532 || *ps.RunAsGroup != 65532 || *ps.FSGroup != 65532 {
+		t.Errorf("pod ids %d:%d fsGroup %d, want the image's 65532", *ps.RunAsUser, *ps.RunAsGroup, *ps.FSGroup)
+	}
+	if c.Image != "ghcr.io/cdcrelay/cdcrelay:0.1.0" {
+		t.Errorf("image %q, want the chart's appVersion as tag", c.Image)
+	}
+	if d.Spec.Strategy.RollingUpdate == nil || d.Spec.Strategy.RollingUpdate.MaxSurge.IntValue() != 0 {
+		t.Errorf("strategy %+v: a surge pod could only wait as a standby", d.Spec.Strategy)
+	}
+	pa := d.Spec.Template.Spec.Affinity
+	if pa == nil || pa.PodAntiAffinity == nil || len(pa.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+		t.Fatalf("no preferred pod anti-affinity: %+v", pa)
+	}
+	term := pa.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm
+	if term.TopologyKey != "kubernetes.io/hostname" || !selectorOf(t, term.LabelSelector).Matches(labels.Set(d.Spec.Template.Labels)) {
+		t.Errorf("anti-affinity term %+v does not spread the source's pods over nodes", term)
+	}
+	pdb := r.PDBs[0]
+	if pdb.Spec.UnhealthyPodEvictionPolicy == nil || *pdb.Spec.UnhealthyPodEvictionPolicy != "AlwaysAllow" {
+		t.Errorf("PDB unhealthyPodEvictionPolicy %v, want AlwaysAllow", pdb.Spec.UnhealthyPodEvictionPolicy)
+	}
+}
+
+func TestMultiSource(t *testing.T) {
+	t.Parallel()
+	r := render(t, []string{"multi.yaml"})
+	checkRelease(t, r)
+	if len(r.Deployments) != 4 || len(r.Services) != 4 {
+		t.Fatalf("%d Deployments, %d Services, want 4 each (one per source)", len(r.Deployments), len(r.Services))
+	}
+	want := map[string]struct {
+		slot, pub string
+		replicas  int32
+	}{
+		"rel-cdcrelay-orders":     {"cdcrelay_orders", "cdcrelay_orders", 2},
+		"rel-cdcrelay-billing-v2": {"cdcrelay_billing_v2", "cdcrelay_billing_v2", 1},
+		"rel-cdcrelay-shipping":   {"shipping_outbox_slot", "shipping_outbox_pub", 2},
+		"rel-cdcrelay-legacy":     {"cdcrelay_legacy", "cdcrelay_legacy", 0},
+	}
+	for name, w := range want {
+		d := r.Deployment(t, name)
+		if got := envValue(t, d, "CDCRELAY_SLOT"); got != w.slot {
+			t.Errorf("%s: slot %q, want %q", name, got, w.slot)
+		}
+		if got := envValue(t, d, "CDCRELAY_PUBLICATION"); got != w.pub {
+			t.Errorf("%s: publication %q, want %q", name, got, w.pub)
+		}
+		if *d.Spec.Replicas != w.replicas {
+			t.Errorf("%s: replicas %d, want %d", name, *d.Spec.Replicas, w.replicas)
+		}
+		if d.Annotations["cdcrelay.io/slot"] != w.slot {
+			t.Errorf("%s: slot annotation %q", name, d.Annotations["cdcrelay.io/slot"])
+		}
+		// defaults.extraEnv reaches every source.
+		if got := envValue(t, d, "GOMEMLIMIT"); got != "200MiB" {
+			t.Errorf("%s: GOMEMLIMIT %q, want the default extraEnv", name, got)
+		}
+	}
+	if len(r.PDBs) != 2 {
+		t.Errorf("%d PDBs, want 2 (orders and shipping have two replicas)", len(r.PDBs))
+	}
+
+	orders := r.Deployment(t, "rel-cdcrelay-orders")
+	if got := envValue(t, orders, "CDCRELAY_LOG_LEVEL"); got != "debug" {
+		t.Errorf("orders: log level %q, want defaults.logLevel debug", got)
+	}
+	if ref := env(t, relay(t, orders))["CDCRELAY_AMQP_URL"].ValueFrom.SecretKeyRef; ref.Name != "rabbitmq" || ref.Key != "amqp-url" {
+		t.Errorf("orders: AMQP from %s/%s, want the defaults' rabbitmq/amqp-url", ref.Name, ref.Key)
+	}
+
+	billing := r.Deployment(t, "rel-cdcrelay-billing-v2")
+	for name, want := range map[string]string{
+		"CDCRELAY_EXCHANGE":           "billing",
+		"CDCRELAY_ROUTING_KEY_COLUMN": "topic",
+		"CDCRELAY_PAYLOAD_COLUMN":     "payload", // columns merge key by key
+		"CDCRELAY_SHUTDOWN_TIMEOUT":   "1m30s",
+		"CDCRELAY_LOG_LEVEL":          "warn", // the source's extraEnv replaces the chart's entry
+	} {
+		if got := envValue(t, billing, name); got != want {
+			t.Errorf("billing-v2: %s = %q, want %q", name, got, want)
+		}
+	}
+	if g := *billing.Spec.Template.Spec.TerminationGracePeriodSeconds; g != 105 {
+		t.Errorf("billing-v2: terminationGracePeriodSeconds %d, want 90s shutdown + 15", g)
+	}
+	if ref := env(t, relay(t, billing))["CDCRELAY_DATABASE_URL"].ValueFrom.SecretKeyRef; ref.Name != "billing-db" || ref.Key != "DATABASE_URL" {
+		t.Errorf("billing-v2: database URL from %s/%s", ref.Name, ref.Key)
+	}
+	if mem := relay(t, billing).Resources.Limits[corev1.ResourceMemory]; mem.String() != "128Mi" {
+		t.Errorf("billing-v2: memory limit %s, want its own 128Mi", mem.String())
+	}
+
+	shipping := r.Deployment(t, "rel-cdcrelay-shipping")
+	if ref := env(t, relay(t, shipping))["CDCRELAY_AMQP_URL"].ValueFrom.SecretKeyRef; ref.Name != "rabbitmq-shipping" || ref.Key != "url" {
+		t.Errorf("shipping: AMQP from %s/%s, want its own rabbitmq-shipping/url", ref.Name, ref.Key)
+	}
+	if g := *shipping.Spec.Template.Spec.TerminationGracePeriodSeconds; g != 60 {
+		t.Errorf("shipping: terminationGracePeriodSeconds %d, want 60", g)
+	}
+}
+
+func TestFileMountedSecrets(t *testing.T) {
+	t.Parallel()
+	r := render(t, []string{"files.yaml"})
+	checkRelease(t, r)
+	d := r.Deployment(t, "rel-cdcrelay-orders")
+	ev := env(t, relay(t, d))
+	for _, name := range []string{"CDCRELAY_DATABASE_URL", "CDCRELAY_AMQP_URL"} {
+		if _, ok := ev[name]; ok {
+			t.Errorf("%s set alongside %s_FILE", name, name)
+		}
+	}
+	wantFiles := map[string][2]string{ // env -> Secret, key
+		"CDCRELAY_DATABASE_URL_FILE": {"orders-db", "url"},
+		"CDCRELAY_AMQP_URL_FILE":     {"rabbitmq", "uri"},
+	}
+	for name, sk := range wantFiles {
+		path := envValue(t, d, name)
+		var found bool
+		for _, m := range relay(t, d).VolumeMounts {
+			if m.MountPath != filepath.Dir(path) {
+				continue
+			}
+			for _, v := range d.Spec.Template.Spec.Volumes {
+				if v.Name == m.Name && v.Secret != nil && v.Secret.SecretName == sk[0] &&
+					len(v.Secret.Items) == 1 && v.Secret.Items[0].Key == sk[1] && v.Secret.Items[0].Path == filepath.Base(path) {
+					found = true
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s=%s: no mount of Secret %s key %s there", name, path, sk[0], sk[1])
+		}
+	}
+	if ps := d.Spec.Template.Spec.SecurityContext; ps.FSGroup == nil || *ps.FSGroup != 65532 {
+		t.Errorf("fsGroup %v: the non-root user could not read the 0440 Secret files", ps.FSGroup)
+	}
+}
+
+// promDuration is a Prometheus duration as PrometheusRule `for` accepts it.
+var promDuration = regexp.MustCompile(`^(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?$`)
+
+// balanced reports whether (), {} and [] nest properly outside "quoted" strings.
+func balanced(expr string) bool {
+	var stack []rune
+	pairs := map[rune]rune{')': '(', '}': '{', ']': '['}
+	inQuote := false
+	for i, c := range expr {
+		switch {
+		case c == '"' && (i == 0 || expr[i-1] != '\\'):
+			inQuote = !inQuote
+		case inQuote:
+		case c == '(' || c == '{' || c == '[':
+			stack = append(stack, c)
+		case pairs[c] != 0:
+			if len(stack) == 0 || stack[len(stack)-1] != pairs[c] {
+				return false
+			}
+			stack = stack[:len(stack)-1]
+		}
+	}
+	return len(stack) == 0 && !inQuote
+}
+
+func TestMonitoring(t *testing.T) {
+	t.Parallel()
+	r := render(t, []string{"monitoring.yaml"})
+	checkRelease(t, r)
+	if len(r.ServiceMonitors) != 1 || len(r.PrometheusRules) != 1 {
+		t.Fatalf("%d ServiceMonitors, %d PrometheusRules, want 1 each", len(r.ServiceMonitors), len(r.PrometheusRules))
+	}
+
+	sm := r.ServiceMonitors[0]
+	checkMeta(t, "ServiceMonitor", sm.ObjectMeta)
+	if sm.Labels["release"] != "kube-prometheus-stack" {
+		t.Errorf("ServiceMonitor labels %v lack monitoring.serviceMonitor.labels", sm.Labels)
+	}
+	if !slices.Equal(sm.Spec.NamespaceSelector.MatchNames, []string{namespace}) {
+		t.Errorf("ServiceMonitor namespaces %v", sm.Spec.NamespaceSelector.MatchNames)
+	}
+	sel := selectorOf(t, &sm.Spec.Selector)
+	for _, s := range r.Services {
+		if !sel.Matches(labels.Set(s.Labels)) {
+			t.Errorf("ServiceMonitor selector %s misses Service %s (%v)", sel, s.Name, s.Labels)
+		}
+	}
+	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "http" || sm.Spec.Endpoints[0].Path != "/metrics" {
+		t.Errorf("ServiceMonitor endpoints %+v, want port http path /metrics", sm.Spec.Endpoints)
+	}
+
+	pr := r.PrometheusRules[0]
+	checkMeta(t, "PrometheusRule", pr.ObjectMeta)
+	if pr.Labels["release"] != "kube-prometheus-stack" {
+		t.Errorf("PrometheusRule labels %v lack monitoring.prometheusRule.labels", pr.Labels)
+	}
+	byAlert := map[string][]Rule{}
+	for _, g := range pr.Spec.Groups {
+		for _, rule := range g.Rules {
+			byAlert[rule.Alert] = append(byAlert[rule.Alert], rule)
+			if rule.Alert == "" || rule.Expr == "" || rule.Labels["severity"] == "" || rule.Annotations["summary"] == "" {
+				t.Errorf("incomplete rule %+v", rule)
+			}
+			if !balanced(rule.Expr) {
+				t.Errorf("%s: unbalanced expression %q", rule.Alert, rule.Expr)
+			}
+			if rule.For == "" || !promDuration.MatchString(rule.For) {
+				t.Errorf("%s: for %q is not a Prometheus duration", rule.Alert, rule.For)
+			}
+			if rule.Labels["team"] != "platform" {
+				t.Errorf("%s: alertLabels not applied: %v", rule.Alert, rule.Labels)
+			}
+			// Scoped to this release's Services, and every Service named exists.
+			if !strings.Contains(rule.Expr, `namespace="`+namespace+`"`) {
+				t.Errorf("%s: not scoped to namespace %s: %s", rule.Alert, namespace, rule.Expr)
+			}
+		}
+	}
+	wantExpr := map[string][]string{
+		"CdcrelaySlotRetainedWalHigh":     {"cdcrelay_slot_retained_wal_bytes{", "> 1073741824", "by (namespace, service, slot)"},
+		"CdcrelayOldestUnpublishedTooOld": {"cdcrelay_oldest_unpublished_age_seconds{", "> 300"},
+		"CdcrelayMessagesReturned":        {"increase(cdcrelay_returns_total{", "[5m])) > 0"},
+		"CdcrelayMessagesNacked":          {"increase(cdcrelay_nacks_total{", "[5m])) > 0"},
+	}
+	for alert, parts := range wantExpr {
+		rules := byAlert[alert]
+		if len(rules) != 1 {
+			t.Errorf("%s: %d rules, want 1", alert, len(rules))
+			continue
+		}
+		for _, p := range parts {
+			if !strings.Contains(rules[0].Expr, p) {
+				t.Errorf("%s: expression %q lacks %q", alert, rules[0].Expr, p)
+			}
+		}
+	}
+	// No streaming relay: one rule over all slots (a streaming gauge below 1), and
+	// one `absent` rule per source for when no relay of it is scraped at all.
+	var maxRule int
+	absent := map[string]bool{}
+	for _, rule := range byAlert["CdcrelayNoStreamingRelay"] {
+		switch {
+		case strings.HasPrefix(rule.Expr, "max by (namespace, service, slot) (cdcrelay_role{") &&
+			strings.Contains(rule.Expr, `role="streaming"`) && strings.HasSuffix(rule.Expr, ") < 1"):
+			maxRule++
+		case strings.HasPrefix(rule.Expr, "absent(cdcrelay_role{") && strings.Contains(rule.Expr, `role="streaming"`):
+			absent[rule.Labels["slot"]] = true
+			if !strings.Contains(rule.Expr, fmt.Sprintf(`service=%q`, rule.Labels["service"])) {
+				t.Errorf("absent rule for slot %s does not select its Service: %s", rule.Labels["slot"], rule.Expr)
+			}
+		default:
+			t.Errorf("unexpected CdcrelayNoStreamingRelay rule %q", rule.Expr)
+		}
+	}
+	if maxRule != 1 || !absent["cdcrelay_orders"] || !absent["cdcrelay_billing"] || len(absent) != 2 {
+		t.Errorf("CdcrelayNoStreamingRelay: %d max rules and absent rules for %v, want 1 and both slots", maxRule, absent)
+	}
+	svcNames := regexp.MustCompile(`service=~"([^"]*)"`)
+	for _, g := range pr.Spec.Groups {
+		for _, rule := range g.Rules {
+			for _, m := range svcNames.FindAllStringSubmatch(rule.Expr, -1) {
+				for _, name := range strings.Split(m[1], "|") {
+					if !slices.ContainsFunc(r.Services, func(s *corev1.Service) bool { return s.Name == name }) {
+						t.Errorf("%s selects service %q, which is not rendered", rule.Alert, name)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestMonitoringRulesCanBeTurnedOff(t *testing.T) {
+	t.Parallel()
+	r := render(t, []string{"monitoring.yaml"},
+		"--set", "monitoring.prometheusRule.returns.enabled=false",
+		"--set", "monitoring.prometheusRule.slotRetainedWal.threshold=5368709120",
+		"--set", "monitoring.serviceMonitor.enabled=false")
+	if len(r.ServiceMonitors) != 0 || len(r.PrometheusRules) != 1 {
+		t.Fatalf("%d ServiceMonitors, %d PrometheusRules, want 0 and 1", len(r.ServiceMonitors), len(r.PrometheusRules))
+	}
+	var alerts []string
+	for _, rule := range r.PrometheusRules[0].Spec.Groups[0].Rules {
+		alerts = append(alerts, rule.Alert)
+		if rule.Alert == "CdcrelaySlotRetainedWalHigh" && !strings.HasSuffix(rule.Expr, "> 5368709120") {
+			t.Errorf("threshold not applied (or printed as a float): %s", rule.Expr)
+		}
+	}
+	if slices.Contains(alerts, "CdcrelayMessagesReturned") || !slices.Contains(alerts, "CdcrelayMessagesNacked") {
+		t.Errorf("alerts %v: returns should be off, nacks on", alerts)
+	}
+}
+
+func TestImageAndSecurityOverrides(t *testing.T) {
+	t.Parallel()
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	r := render(t, []string{"single.yaml"},
+		"--set", "image.digest="+digest,
+		"--set", "podSecurityContext.runAsUser=null",
+		"--set", "podSecurityContext.fsGroup=null")
+	checkReleaseNoUser(t, r)
+	d := r.Deployment(t, "rel-cdcrelay")
+	if img := relay(t, d).Image; img != "ghcr.io/cdcrelay/cdcrelay@"+digest {
+		t.Errorf("image %q, want the digest", img)
+	}
+	ps := d.Spec.Template.Spec.SecurityContext
+	if ps.RunAsUser != nil || ps.FSGroup != nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot {
+		t.Errorf("pod securityContext %+v: want ids left to the platform, runAsNonRoot kept", ps)
+	}
+}
+
+// checkReleaseNoUser is checkRelease's container checks for a pod without a fixed uid.
+func checkReleaseNoUser(t *testing.T, r *Rendered) {
+	t.Helper()
+	for _, d := range r.Deployments {
+		sc := relay(t, d).SecurityContext
+		if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Errorf("Deployment %s: container securityContext %+v lost its hardening", d.Name, sc)
+		}
+	}
+}
+
+func TestKubeVersionFloor(t *testing.T) {
+	t.Parallel()
+	args := []string{"template", releaseName, chartDir, "--kube-version", "v1.26.0", "-f", filepath.Join("testdata", "single.yaml")}
+	_, stderr, err := runHelm(t, args...)
+	if err == nil || !strings.Contains(stderr, "kubeVersion") {
+		t.Fatalf("rendering for Kubernetes 1.26 (no unhealthyPodEvictionPolicy) succeeded or failed for another reason: %v\n%s", err, stderr)
+	}
+}
+
+// TestNotes renders NOTES.txt (which `helm template` does not print) through a
+// copy of the chart with one more template that includes it.
+func TestNotes(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "cdcrelay")
+	if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
+		t.Fatal(err)
+	}
+	capture := `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: notes
+  namespace: {{ .Release.Namespace }}
+  labels: {app.kubernetes.io/instance: {{ .Release.Name }}}
+data:
+  notes: {{ include "cdcrelay/templates/NOTES.txt" . | toJson }}
+`
+	if err := os.WriteFile(filepath.Join(dir, "templates", "zz-notes.yaml"), []byte(capture), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := renderChart(t, dir, []string{"multi.yaml"})
+	if len(r.ConfigMaps) != 1 {
+		t.Fatalf("%d ConfigMaps, want the notes", len(r.ConfigMaps))
+	}
+	notes := r.ConfigMaps[0].Data["notes"]
+	for _, pub := range []string{"cdcrelay_orders", "cdcrelay_billing_v2", "shipping_outbox_pub", "cdcrelay_legacy"} {
+		want := "CREATE PUBLICATION " + pub + " FOR TABLE public.event_outbox WITH (publish = 'insert');"
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+	for _, want := range []string{"owner of the outbox table", "cdcrelay migrate", "4 relay Deployment(s)", "logs deploy/rel-cdcrelay-shipping"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+}
+
+func TestRejectsBadValues(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		file string
+		want string // in helm's error output
+		// schema: the values schema rejects it, so `helm lint` fails too; the others
+		// are caught by the templates' own checks when rendering.
+		schema bool
+	}{
+		{"wrong-type.yaml", "at '/sources/0/replicas': got string, want integer", true},
+		{"unknown-key.yaml", "additional properties 'slots' not allowed", true},
+		{"unknown-top-key.yaml", "additional properties 'replicaCount' not allowed", true},
+		{"bad-slot.yaml", "at '/sources/0/slot': 'Orders-Slot' does not match pattern", true},
+		{"bad-publication.yaml", "at '/source/publication': '1pub' does not match pattern", true},
+		{"missing-database.yaml", "missing property 'database'", true},
+		{"missing-name.yaml", "missing property 'name'", true},
+		{"bad-source-name.yaml", "at '/sources/0/name'", true},
+		{"bad-duration.yaml", "at '/defaults/confirmTimeout'", true},
+		{"bad-log-format.yaml", "at '/defaults/logFormat'", true},
+		{"root-user.yaml", "at '/podSecurityContext/runAsUser'", true},
+		{"bad-extra-env.yaml", "additional properties 'val' not allowed", true},
+		{"duplicate-slot.yaml", `slot "outbox" is used by another source`, false},
+		{"duplicate-name.yaml", `name "orders" is used by another source`, false},
+		{"no-amqp.yaml", "no AMQP Secret", false},
+		{"both-forms.yaml", "not both", false},
+		{"grace-too-short.yaml", "must be above shutdownTimeout (60s)", false},
+		{"no-source.yaml", "no source configured", false},
+	}
+	for _, c := range cases {
+		t.Run(c.file, func(t *testing.T) {
+			t.Parallel()
+			files := []string{filepath.Join("bad", c.file)}
+			out, stderr, err := runHelm(t, templateArgs(chartDir, files)...)
+			if err == nil || !exitError(err) {
+				t.Fatalf("helm template accepted %s (err %v):\n%s", c.file, err, out)
+			}
+			if !strings.Contains(stderr, c.want) {
+				t.Errorf("helm template rejected %s, but not with %q:\n%s", c.file, c.want, stderr)
+			}
+			if !c.schema {
+				return
+			}
+			args := append([]string{"lint", chartDir, "--kube-version", kubeVersion}, valuesArgs(files)...)
+			lout, lerr, err := runHelm(t, args...)
+			if err == nil {
+				t.Errorf("helm lint accepted %s:\n%s", c.file, lout)
+			}
+			if !strings.Contains(lout+lerr, c.want) {
+				t.Errorf("helm lint rejected %s, but not with %q:\n%s%s", c.file, c.want, lout, lerr)
+			}
+		})
+	}
+}
