@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -95,8 +96,19 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r, err := relay.New(cfg, log, reg)
+	schema, table, err := config.SplitTable(cfg.Table)
 	if err != nil {
+		return err
+	}
+	var r *relay.Relay
+	jan := janitor.New(janitor.Options{
+		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, IDColumn: cfg.IDColumn,
+		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
+		Retention: time.Duration(cfg.Retention), RetentionInterval: time.Duration(cfg.RetentionInterval),
+		RetentionBatch: cfg.RetentionBatch, StatsInterval: cfg.MonitorInterval,
+		Active: func() bool { return r.Streaming() },
+	}, log.With("stage", "janitor"), reg)
+	if r, err = relay.New(cfg, jan, log, reg); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
@@ -108,7 +120,11 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 	srv := &http.Server{Handler: httpHandler(reg, r), ReadHeaderTimeout: 5 * time.Second}
 
 	g, gctx := errgroup.WithContext(ctx)
+	// The relay decides when the process ends; the other stages follow it.
+	stages, stop := context.WithCancel(gctx)
+	defer stop()
 	g.Go(func() error {
+		defer stop()
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -116,6 +132,7 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 		}()
 		return r.Run(gctx)
 	})
+	g.Go(func() error { return jan.Run(stages) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http server: %w", err)
@@ -133,12 +150,15 @@ func httpHandler(reg *prometheus.Registry, r *relay.Relay) http.Handler {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
+	// Ready means doing its job: streaming, or a healthy hot standby
+	// waiting for the slot. Starting or backing off after a failure is not.
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !r.Streaming() {
-			http.Error(w, "not streaming", http.StatusServiceUnavailable)
+		role := r.Role()
+		if role != relay.RoleStreaming && role != relay.RoleStandby {
+			http.Error(w, role.String(), http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = io.WriteString(w, "streaming\n")
+		_, _ = io.WriteString(w, role.String()+"\n")
 	})
 	return mux
 }

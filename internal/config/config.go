@@ -51,6 +51,15 @@ type Config struct {
 	BackoffMax       time.Duration `env:"BACKOFF_MAX, default=30s"`
 	AMQPHeartbeat    time.Duration `env:"AMQP_HEARTBEAT, default=10s"`
 
+	MarkInterval      time.Duration `env:"MARK_INTERVAL, default=500ms"`
+	MarkBatch         int           `env:"MARK_BATCH, default=1000"`
+	Retention         Duration      `env:"RETENTION, default=7d"`
+	RetentionInterval Duration      `env:"RETENTION_INTERVAL, default=1h"`
+	RetentionBatch    int           `env:"RETENTION_BATCH, default=5000"`
+	MonitorInterval   time.Duration `env:"MONITOR_INTERVAL, default=15s"`
+	StandbyRetry      time.Duration `env:"STANDBY_RETRY, default=2s"`
+	SlotLost          string        `env:"SLOT_LOST, default=recreate"`
+
 	LogLevel  string `env:"LOG_LEVEL, default=info"`
 	LogFormat string `env:"LOG_FORMAT, default=text"`
 }
@@ -185,6 +194,9 @@ func (c *Config) Validate() error {
 	positive := map[string]time.Duration{
 		"CONFIRM_TIMEOUT": c.ConfirmTimeout, "STATUS_INTERVAL": c.StatusInterval,
 		"SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "BACKOFF_MIN": c.BackoffMin, "BACKOFF_MAX": c.BackoffMax,
+		"MARK_INTERVAL": c.MarkInterval, "RETENTION": time.Duration(c.Retention),
+		"RETENTION_INTERVAL": time.Duration(c.RetentionInterval), "MONITOR_INTERVAL": c.MonitorInterval,
+		"STANDBY_RETRY": c.StandbyRetry,
 	}
 	for key, d := range positive {
 		if d <= 0 {
@@ -193,6 +205,15 @@ func (c *Config) Validate() error {
 	}
 	if c.BackoffMax < c.BackoffMin {
 		bad("BACKOFF_MAX", "%s is below %sBACKOFF_MIN (%s)", c.BackoffMax, Prefix, c.BackoffMin)
+	}
+	if c.MarkBatch < 1 || c.MarkBatch > 100000 {
+		bad("MARK_BATCH", "%d is outside 1..100000", c.MarkBatch)
+	}
+	if c.RetentionBatch < 1 || c.RetentionBatch > 1000000 {
+		bad("RETENTION_BATCH", "%d is outside 1..1000000", c.RetentionBatch)
+	}
+	if c.SlotLost != SlotLostRecreate && c.SlotLost != SlotLostStop {
+		bad("SLOT_LOST", "%q: want %s or %s", c.SlotLost, SlotLostRecreate, SlotLostStop)
 	}
 	if c.AMQPHeartbeat < 0 {
 		bad("AMQP_HEARTBEAT", "must not be negative")
@@ -234,6 +255,36 @@ func (c *Config) Level() (slog.Level, error) {
 	var l slog.Level
 	err := l.UnmarshalText([]byte(c.LogLevel))
 	return l, err
+}
+
+// What to do when the slot was invalidated (wal_status lost).
+const (
+	SlotLostRecreate = "recreate" // drop it, create a new one and publish unpublished rows from its snapshot
+	SlotLostStop     = "stop"     // exit with an error and leave the slot for an operator
+)
+
+// Duration is a time.Duration that also accepts days, as in "7d" or "1d12h".
+type Duration time.Duration
+
+// EnvDecode implements envconfig.Decoder.
+func (d *Duration) EnvDecode(v string) error {
+	v = strings.TrimSpace(v)
+	var days int64
+	if i := strings.IndexByte(v, 'd'); i > 0 {
+		if _, err := fmt.Sscanf(v[:i], "%d", &days); err != nil || fmt.Sprint(days) != v[:i] || days < 0 {
+			return fmt.Errorf("%q is not a duration (want e.g. 7d, 36h or 90m)", v)
+		}
+		v = v[i+1:]
+	}
+	var rest time.Duration
+	if v != "" {
+		var err error
+		if rest, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("%q is not a duration (want e.g. 7d, 36h or 90m)", v)
+		}
+	}
+	*d = Duration(time.Duration(days)*24*time.Hour + rest)
+	return nil
 }
 
 // ByteSize is a size in bytes written as 1048576, 512KiB, 16MiB or 1GiB.

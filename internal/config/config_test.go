@@ -27,7 +27,8 @@ func TestDefaults(t *testing.T) {
 	}
 	if c.Exchange != "events" || c.Table != "public.event_outbox" || c.Publication != "cdcrelay_outbox" ||
 		c.Slot != "cdcrelay_outbox" || c.HTTPAddr != ":8080" || c.MaxInFlight != 1000 ||
-		c.MaxInFlightBytes != 16<<20 || c.ConfirmTimeout != 30*time.Second || c.StatusInterval != 10*time.Second {
+		c.MaxInFlightBytes != 16<<20 || c.ConfirmTimeout != 30*time.Second || c.StatusInterval != 10*time.Second ||
+		time.Duration(c.Retention) != 7*24*time.Hour || time.Duration(c.RetentionInterval) != time.Hour || c.SlotLost != SlotLostRecreate {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -121,6 +122,21 @@ func TestByteSize(t *testing.T) {
 		var b ByteSize
 		if err := b.EnvDecode(in); err == nil {
 			t.Errorf("%q accepted as %d", in, b)
+		}
+	}
+}
+
+func TestDuration(t *testing.T) {
+	for in, want := range map[string]time.Duration{"7d": 7 * 24 * time.Hour, "1d12h": 36 * time.Hour, "90m": 90 * time.Minute, "0d": 0} {
+		var d Duration
+		if err := d.EnvDecode(in); err != nil || time.Duration(d) != want {
+			t.Errorf("%q: %v, %v; want %v", in, time.Duration(d), err, want)
+		}
+	}
+	for _, in := range []string{"", "d", "7 days", "-1d", "1.5d", "7dd"} {
+		var d Duration
+		if err := d.EnvDecode(in); err == nil && in != "" {
+			t.Errorf("%q accepted as %v", in, time.Duration(d))
 		}
 	}
 }

@@ -23,8 +23,8 @@ var (
 	ErrClosed         = errors.New("broker connection closed")
 )
 
-// Acker receives the sequence number of each confirmed event.
-type Acker interface{ Ack(seq uint64) }
+// Acker receives each confirmed event's sequence number and id.
+type Acker interface{ Ack(seq uint64, id string) }
 
 // Publisher publishes events from In in order on the Link's confirm-mode
 // channel, keeps at most MaxInFlight messages and MaxInFlightBytes bytes
@@ -169,7 +169,7 @@ func (p *Publisher) await(ctx context.Context, f inflight) error {
 				p.Metrics.nacks.Inc()
 				return fmt.Errorf("%w: event %s (a queue refused it: overflow reject-publish or an internal error)", ErrNacked, f.id)
 			}
-			p.Acks.Ack(f.seq)
+			p.Acks.Ack(f.seq, f.id)
 			now := time.Now()
 			p.Metrics.confirmLatency.Observe(now.Sub(f.sent).Seconds())
 			if !f.commit.IsZero() {

@@ -3,19 +3,47 @@ package relay
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	restarts   prometheus.Counter
-	reconnects *prometheus.CounterVec
+	restarts        prometheus.Counter
+	connectFailures *prometheus.CounterVec
+	slotLost        prometheus.Counter
+	backfilled      prometheus.Counter
+	role            *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 	m := &metrics{
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_pipeline_restarts_total", Help: "Sessions that failed and were restarted from the slot.",
 		}),
-		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+		connectFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cdcrelay_connect_failures_total", Help: "Failed connection attempts, by side (postgres or broker).",
 		}, []string{"side"}),
+		slotLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_slot_lost_total", Help: "Times the slot was found invalidated (wal_status=lost).",
+		}),
+		backfilled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_backfill_events_total", Help: "Events published from a new slot's snapshot (adoption or recreation).",
+		}),
+		role: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name:        "cdcrelay_role",
+			Help:        "1 for the role this relay has now: streaming (holds the slot), standby (waits for it) or starting.",
+			ConstLabels: prometheus.Labels{"slot": slotName},
+		}, []string{"role"}),
 	}
-	reg.MustRegister(m.restarts, m.reconnects)
+	for _, r := range []Role{RoleStarting, RoleStreaming, RoleStandby} {
+		m.role.WithLabelValues(r.String()).Set(0)
+	}
+	m.role.WithLabelValues(RoleStarting.String()).Set(1)
+	reg.MustRegister(m.restarts, m.connectFailures, m.slotLost, m.backfilled, m.role)
 	return m
+}
+
+func (m *metrics) setRole(role Role) {
+	for _, r := range []Role{RoleStarting, RoleStreaming, RoleStandby} {
+		v := 0.0
+		if r == role {
+			v = 1
+		}
+		m.role.WithLabelValues(r.String()).Set(v)
+	}
 }

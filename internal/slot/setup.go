@@ -17,6 +17,10 @@ var (
 	ErrSlotLost     = errors.New("replication slot was invalidated")
 )
 
+// ErrBusy means another process holds the slot or is adopting it: this
+// relay is a hot standby and should try again later.
+var ErrBusy = errors.New("replication slot is in use by another relay")
+
 // Target names what the relay streams from.
 type Target struct {
 	Publication string
@@ -25,14 +29,15 @@ type Target struct {
 	Table       string
 }
 
-// State is what EnsureSlot found or made.
-type State struct {
-	Created        bool
+// Info is what Inspect found about the slot.
+type Info struct {
+	Exists         bool
+	Active         bool // a walsender holds it (another relay streams)
+	Lost           bool // wal_status = lost: invalidated by max_slot_wal_keep_size
 	ConfirmedFlush pglogrepl.LSN
-	// StatusInterval is the longest the relay may stay silent on the
-	// replication connection: half of wal_sender_timeout, capped by the
-	// configured interval.
-	StatusInterval time.Duration
+	// Adopting is set when an adoption marker exists: a relay created the
+	// slot and had not finished publishing the snapshot's backlog.
+	Adopting bool
 }
 
 // EnsurePublication creates the publication for the outbox table, inserts
@@ -49,66 +54,152 @@ func EnsurePublication(ctx context.Context, db *pgx.Conn, t Target) (bool, error
 	sql := fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`,
 		pgx.Identifier{t.Publication}.Sanitize(), pgx.Identifier{t.Schema, t.Table}.Sanitize())
 	if _, err := db.Exec(ctx, sql); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently by another replica
+		if pgCode(err) == "42710" { // created concurrently by another replica
 			return false, nil
 		}
-		return false, fmt.Errorf("create publication %s: %w", t.Publication, err)
+		return false, fmt.Errorf("create publication %s (create it as the table owner, e.g. with cdcrelay migrate): %w", t.Publication, err)
 	}
 	return true, nil
 }
 
-// EnsureSlot creates the permanent pgoutput slot unless it exists, checks an
-// existing one, and reads what the session needs to start.
-func EnsureSlot(ctx context.Context, db *pgx.Conn, t Target, maxInterval time.Duration) (State, error) {
-	var st State
-	var walSenderTimeoutMS int64
-	if err := db.QueryRow(ctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&walSenderTimeoutMS); err != nil {
-		return st, fmt.Errorf("read wal_sender_timeout: %w", err)
+// StatusInterval is the longest the relay may stay silent on the
+// replication connection: half of wal_sender_timeout, capped by limit.
+func StatusInterval(ctx context.Context, db *pgx.Conn, limit time.Duration) (time.Duration, error) {
+	var ms int64
+	if err := db.QueryRow(ctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&ms); err != nil {
+		return 0, fmt.Errorf("read wal_sender_timeout: %w", err)
 	}
-	st.StatusInterval = maxInterval
-	if half := time.Duration(walSenderTimeoutMS) * time.Millisecond / 2; half > 0 && half < maxInterval {
-		st.StatusInterval = half
+	if half := time.Duration(ms) * time.Millisecond / 2; half > 0 && half < limit {
+		return half, nil
 	}
+	return limit, nil
+}
 
-	var plugin, slotType, walStatus *string
-	var sameDB bool
-	var confirmed *string
+// Inspect reads the slot's state and refuses a slot of another kind.
+func Inspect(ctx context.Context, db *pgx.Conn, t Target) (Info, error) {
+	var info Info
+	var plugin, slotType, walStatus, confirmed *string
+	var sameDB *bool
 	err := db.QueryRow(ctx, `
-		SELECT plugin, slot_type, database = current_database(), confirmed_flush_lsn::text, wal_status
-		FROM pg_replication_slots WHERE slot_name = $1`, t.Slot).Scan(&plugin, &slotType, &sameDB, &confirmed, &walStatus)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		var lsn pglogrepl.LSN
-		err := db.QueryRow(ctx, `SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')`, t.Slot).Scan(&lsn)
+		SELECT plugin, slot_type, database = current_database(), active, confirmed_flush_lsn::text, wal_status,
+		       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2)
+		FROM pg_replication_slots WHERE slot_name = $1`, t.Slot, markerName(t.Slot)).
+		Scan(&plugin, &slotType, &sameDB, &info.Active, &confirmed, &walStatus, &info.Adopting)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, markerName(t.Slot)).Scan(&info.Adopting)
 		if err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently by another replica
-				return EnsureSlot(ctx, db, t, maxInterval)
-			}
-			return st, fmt.Errorf("create replication slot %s: %w", t.Slot, err)
+			return info, fmt.Errorf("look up adoption marker: %w", err)
 		}
-		st.Created, st.ConfirmedFlush = true, lsn
-		return st, nil
-	case err != nil:
-		return st, fmt.Errorf("look up replication slot %s: %w", t.Slot, err)
+		return info, nil
 	}
+	if err != nil {
+		return info, fmt.Errorf("look up replication slot %s: %w", t.Slot, err)
+	}
+	info.Exists = true
 	switch {
 	case deref(slotType) != "logical" || deref(plugin) != "pgoutput":
-		return st, fmt.Errorf("%w: slot %s is a %s slot with plugin %q; want logical with pgoutput", ErrSlotMismatch, t.Slot, deref(slotType), deref(plugin))
-	case !sameDB:
-		return st, fmt.Errorf("%w: slot %s belongs to another database", ErrSlotMismatch, t.Slot)
-	case deref(walStatus) == "lost":
-		return st, fmt.Errorf("%w: slot %s has wal_status=lost (max_slot_wal_keep_size); drop it and let the relay recreate it", ErrSlotLost, t.Slot)
+		return info, fmt.Errorf("%w: slot %s is a %s slot with plugin %q; want logical with pgoutput", ErrSlotMismatch, t.Slot, deref(slotType), deref(plugin))
+	case sameDB == nil || !*sameDB:
+		return info, fmt.Errorf("%w: slot %s belongs to another database", ErrSlotMismatch, t.Slot)
 	}
+	info.Lost = deref(walStatus) == "lost"
 	if confirmed != nil {
-		lsn, err := pglogrepl.ParseLSN(*confirmed)
-		if err != nil {
-			return st, fmt.Errorf("parse confirmed_flush_lsn %q: %w", *confirmed, err)
+		if info.ConfirmedFlush, err = pglogrepl.ParseLSN(*confirmed); err != nil {
+			return info, fmt.Errorf("parse confirmed_flush_lsn %q: %w", *confirmed, err)
 		}
-		st.ConfirmedFlush = lsn
 	}
-	return st, nil
+	return info, nil
+}
+
+// Drop removes the slot (an invalidated one, or one whose adoption was
+// interrupted). A slot held by another process is ErrBusy.
+func Drop(ctx context.Context, db *pgx.Conn, slotName string) error {
+	if _, err := db.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slotName); err != nil {
+		switch pgCode(err) {
+		case "55006":
+			return fmt.Errorf("%w: %v", ErrBusy, err)
+		case "42704": // already gone
+			return nil
+		}
+		return fmt.Errorf("drop replication slot %s: %w", slotName, err)
+	}
+	return nil
+}
+
+// Created is a slot made by Create with the snapshot it exported.
+type Created struct {
+	ConsistentPoint pglogrepl.LSN
+	// Snapshot holds exactly the rows committed before ConsistentPoint. It
+	// stays importable until the next command on the replication connection.
+	Snapshot string
+}
+
+// Create makes the permanent pgoutput slot on the replication connection,
+// exporting its snapshot so the rows committed before it can be published
+// first (DESIGN.md invariant 7).
+func Create(ctx context.Context, repl *pgconn.PgConn, slotName string) (Created, error) {
+	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, slotName, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT",
+	})
+	if err != nil {
+		if pgCode(err) == "42710" {
+			return Created{}, fmt.Errorf("%w: slot %s was created concurrently", ErrBusy, slotName)
+		}
+		return Created{}, fmt.Errorf("create replication slot %s: %w", slotName, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return Created{}, fmt.Errorf("parse consistent point %q: %w", res.ConsistentPoint, err)
+	}
+	return Created{ConsistentPoint: lsn, Snapshot: res.SnapshotName}, nil
+}
+
+// markerName names the adoption marker of a slot: a physical slot that
+// reserves no WAL and exists only while the backlog of a new slot is being
+// published. A relay that finds it next to the slot knows the adoption was
+// interrupted (the process died) and starts it over. Slot names are
+// cluster-wide, so the marker is unique as the slot is.
+func markerName(slotName string) string {
+	return slotName[:min(len(slotName), 54)] + "_adopting"
+}
+
+// BeginAdoption takes the adoption lock and creates the marker. It returns
+// ErrBusy when another relay holds the lock (it is adopting right now).
+// The lock is session-scoped on db and ends with the connection, so a dead
+// relay never leaves it behind.
+func BeginAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
+	var locked bool
+	if err := db.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('cdcrelay adoption ' || $1))`, slotName).Scan(&locked); err != nil {
+		return fmt.Errorf("take adoption lock: %w", err)
+	}
+	if !locked {
+		return fmt.Errorf("%w: another relay is publishing the backlog of slot %s", ErrBusy, slotName)
+	}
+	_, err := db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, markerName(slotName))
+	if err != nil && pgCode(err) != "42710" {
+		return fmt.Errorf("create adoption marker %s: %w", markerName(slotName), err)
+	}
+	return nil
+}
+
+// EndAdoption drops the marker and releases the lock: the slot's backlog
+// is published and streaming may begin.
+func EndAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
+	if err := Drop(ctx, db, markerName(slotName)); err != nil {
+		return fmt.Errorf("drop adoption marker: %w", err)
+	}
+	if _, err := db.Exec(ctx, `SELECT pg_advisory_unlock(hashtext('cdcrelay adoption ' || $1))`, slotName); err != nil {
+		return fmt.Errorf("release adoption lock: %w", err)
+	}
+	return nil
+}
+
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
 }
 
 func deref(s *string) string {

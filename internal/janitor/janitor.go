@@ -1,0 +1,244 @@
+// Package janitor keeps the outbox table tidy behind the relay: it marks
+// acknowledged events published_at in batches, deletes old published rows
+// and reports the backlog the polling drainer used to report.
+package janitor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Options configure a Janitor.
+type Options struct {
+	DatabaseURL       string
+	Schema, Table     string
+	IDColumn          string
+	MarkInterval      time.Duration // how often acked ids are flushed
+	MarkBatch         int           // ids per UPDATE
+	Retention         time.Duration // published rows older than this are deleted
+	RetentionInterval time.Duration
+	RetentionBatch    int
+	StatsInterval     time.Duration // how often the pending count is read
+	// Active reports whether this process streams the slot; retention and
+	// statistics run only then, so a hot standby puts no load on the primary.
+	Active func() bool
+}
+
+// maxPending bounds the acked ids held while the database cannot be
+// written. Dropping one only leaves its row unmarked: it is not lost, it
+// may be published again by a later snapshot backfill.
+const maxPending = 1 << 20
+
+// Janitor is a stage: Mark hands it acked ids, Run writes them.
+type Janitor struct {
+	opts    Options
+	log     *slog.Logger
+	metrics *metrics
+
+	mu      sync.Mutex
+	pending []string
+	wake    chan struct{} // a full batch is waiting
+
+	markSQL string // built once the id column's type is known
+}
+
+// New returns a Janitor; its metrics are registered with reg.
+func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
+	return &Janitor{opts: opts, log: log, metrics: newMetrics(reg), wake: make(chan struct{}, 1)}
+}
+
+// Mark records that the broker acknowledged the event with this id. It
+// never blocks: it is called from the confirm loop.
+func (j *Janitor) Mark(id string) {
+	j.mu.Lock()
+	if len(j.pending) >= maxPending {
+		j.pending = j.pending[1:]
+		j.metrics.dropped.Inc()
+	}
+	j.pending = append(j.pending, id)
+	full := len(j.pending) >= j.opts.MarkBatch
+	j.mu.Unlock()
+	if full {
+		select {
+		case j.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Run marks, deletes and measures until ctx ends, then flushes the ids it
+// still holds (for at most a few seconds). Statement failures are logged,
+// counted and retried; they never stop the relay.
+func (j *Janitor) Run(ctx context.Context) error {
+	var db *pgx.Conn
+	defer func() {
+		if db != nil {
+			j.flushOnExit(db)
+			_ = db.Close(context.Background())
+		}
+	}()
+	mark := time.NewTicker(j.opts.MarkInterval)
+	defer mark.Stop()
+	retention := time.NewTicker(j.opts.RetentionInterval)
+	defer retention.Stop()
+	stats := time.NewTicker(j.opts.StatsInterval)
+	defer stats.Stop()
+	for {
+		var task func(context.Context, *pgx.Conn) error
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-mark.C:
+			task = j.flush
+		case <-j.wake:
+			task = j.flush
+		case <-retention.C:
+			task = j.retain
+		case <-stats.C:
+			task = j.measure
+		}
+		var err error
+		if db, err = j.conn(ctx, db); err == nil {
+			err = task(ctx, db)
+		}
+		if err != nil && ctx.Err() == nil {
+			j.metrics.errors.Inc()
+			j.log.Warn("janitor statement failed; will retry", "error", err)
+			if db != nil && db.IsClosed() {
+				db = nil
+			}
+		}
+	}
+}
+
+// conn returns db, or a new connection when there is none.
+func (j *Janitor) conn(ctx context.Context, db *pgx.Conn) (*pgx.Conn, error) {
+	if db != nil && !db.IsClosed() {
+		return db, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	db, err := pgx.Connect(cctx, j.opts.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return db, nil
+}
+
+func (j *Janitor) take() []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	n := min(len(j.pending), j.opts.MarkBatch)
+	batch := append([]string(nil), j.pending[:n]...)
+	j.pending = j.pending[n:]
+	return batch
+}
+
+func (j *Janitor) putBack(batch []string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.pending = append(batch, j.pending...)
+}
+
+// flush marks every pending id, one UPDATE per batch.
+func (j *Janitor) flush(ctx context.Context, db *pgx.Conn) error {
+	for {
+		batch := j.take()
+		if len(batch) == 0 {
+			return nil
+		}
+		sql, err := j.markStatement(ctx, db)
+		if err != nil {
+			j.putBack(batch)
+			return err
+		}
+		tag, err := db.Exec(ctx, sql, batch)
+		if err != nil {
+			j.putBack(batch)
+			return fmt.Errorf("mark %d events published: %w", len(batch), err)
+		}
+		j.metrics.marked.Add(float64(tag.RowsAffected()))
+	}
+}
+
+// markStatement builds the UPDATE with the parameter cast to the id
+// column's own type, so the primary key index finds the rows.
+func (j *Janitor) markStatement(ctx context.Context, db *pgx.Conn) (string, error) {
+	if j.markSQL != "" {
+		return j.markSQL, nil
+	}
+	table := pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize()
+	var typ string
+	err := db.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped`, table, j.opts.IDColumn).Scan(&typ)
+	if err != nil {
+		return "", fmt.Errorf("look up the type of %s.%s: %w", table, j.opts.IDColumn, err)
+	}
+	j.markSQL = fmt.Sprintf(`UPDATE %s SET published_at = now() WHERE %s = ANY($1::%s[]) AND published_at IS NULL`,
+		table, pgx.Identifier{j.opts.IDColumn}.Sanitize(), typ)
+	return j.markSQL, nil
+}
+
+func (j *Janitor) flushOnExit(db *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := j.flush(ctx, db); err != nil {
+		j.log.Warn("could not mark the last acked events published; they stay unmarked", "error", err)
+	}
+}
+
+// retain deletes published rows older than the retention in bounded
+// batches, each its own short transaction, so no lock is held for long.
+// Rows with published_at NULL never match.
+func (j *Janitor) retain(ctx context.Context, db *pgx.Conn) error {
+	if !j.active() {
+		return nil
+	}
+	table := pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize()
+	sql := fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM %[1]s WHERE published_at < now() - $1::interval LIMIT $2))`, table)
+	for ctx.Err() == nil {
+		tag, err := db.Exec(ctx, sql, j.opts.Retention, j.opts.RetentionBatch)
+		if err != nil {
+			return fmt.Errorf("delete published rows older than %s: %w", j.opts.Retention, err)
+		}
+		j.metrics.deleted.Add(float64(tag.RowsAffected()))
+		if tag.RowsAffected() < int64(j.opts.RetentionBatch) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// measure reads the backlog: rows not yet marked and the age of the oldest.
+// Both use the partial index on enqueued_at WHERE published_at IS NULL.
+func (j *Janitor) measure(ctx context.Context, db *pgx.Conn) error {
+	if !j.active() {
+		return nil
+	}
+	sql := fmt.Sprintf(`SELECT count(*), coalesce(extract(epoch FROM now() - min(enqueued_at)), 0)
+		FROM %s WHERE published_at IS NULL`, pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize())
+	var n int64
+	var age float64
+	if err := db.QueryRow(ctx, sql).Scan(&n, &age); err != nil {
+		return fmt.Errorf("count unpublished rows: %w", err)
+	}
+	j.metrics.pending.Set(float64(n))
+	j.metrics.oldest.Set(age)
+	return nil
+}
+
+// Pending returns how many acked ids wait to be marked (for tests).
+func (j *Janitor) Pending() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.pending)
+}
+
+func (j *Janitor) active() bool { return j.opts.Active == nil || j.opts.Active() }

@@ -1,0 +1,33 @@
+package janitor
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	marked, deleted, errors, dropped prometheus.Counter
+	pending, oldest                  prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		marked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_janitor_marked_total", Help: "Outbox rows marked published_at after the broker acknowledged them.",
+		}),
+		deleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_janitor_deleted_total", Help: "Published outbox rows deleted by retention.",
+		}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_janitor_errors_total", Help: "Janitor statements that failed (retried; streaming goes on).",
+		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_janitor_marks_dropped_total", Help: "Acked ids dropped unmarked because the database could not be written for too long.",
+		}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_outbox_unpublished", Help: "Outbox rows with published_at IS NULL (read every monitor interval by the streaming relay).",
+		}),
+		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_oldest_unpublished_age_seconds", Help: "Age of the oldest outbox row with published_at IS NULL.",
+		}),
+	}
+	reg.MustRegister(m.marked, m.deleted, m.errors, m.dropped, m.pending, m.oldest)
+	return m
+}

@@ -1,0 +1,200 @@
+package relay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
+)
+
+// unmarked counts rows among ids with published_at IS NULL.
+func unmarked(t *testing.T, e *env, rows []row) int {
+	t.Helper()
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.id
+	}
+	var n int
+	err := e.db.QueryRow(context.Background(), `SELECT count(*) FROM event_outbox WHERE id = ANY($1::uuid[]) AND published_at IS NULL`, ids).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func waitMarked(t *testing.T, e *env, rows []row, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for unmarked(t, e, rows) > 0 {
+		if time.Since(start) > within {
+			t.Fatalf("%d of %d rows still unmarked after %s", unmarked(t, e, rows), len(rows), within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// TestIntegrationJanitorMarksInBatches: acked events get published_at
+// within about a second, with one UPDATE per batch, never per row.
+func TestIntegrationJanitorMarksInBatches(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements"}}, "#")
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, `CREATE EXTENSION pg_stat_statements`); err != nil {
+		t.Fatal(err)
+	}
+	r := e.startRelay(map[string]string{"MARK_BATCH": "500", "MONITOR_INTERVAL": "200ms"})
+	r.waitStreaming(t)
+	rows, _ := insertTxns(t, e.db, "k", 500, 500, 500, 500, 1000)
+	waitAll(t, e.consumer, rows, time.Minute)
+	took := waitMarked(t, e, rows, 10*time.Second)
+	t.Logf("all %d rows marked %s after the last delivery", len(rows), took)
+
+	var calls, updated int64
+	err := e.db.QueryRow(ctx, `SELECT coalesce(sum(calls), 0), coalesce(sum(rows), 0) FROM pg_stat_statements WHERE query LIKE 'UPDATE %published_at = now()%'`).Scan(&calls, &updated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if updated != int64(len(rows)) {
+		t.Fatalf("UPDATEs touched %d rows, want %d", updated, len(rows))
+	}
+	if calls > int64(len(rows))/100 {
+		t.Fatalf("%d UPDATE statements for %d rows: not batched", calls, len(rows))
+	}
+	t.Logf("%d rows marked by %d UPDATE statements", updated, calls)
+
+	deadline := time.Now().Add(5 * time.Second)
+	for gauge(t, r.reg, "cdcrelay_outbox_unpublished") != 0 || gauge(t, r.reg, "cdcrelay_janitor_marked_total") != float64(len(rows)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("unpublished gauge %v, marked %v", gauge(t, r.reg, "cdcrelay_outbox_unpublished"), gauge(t, r.reg, "cdcrelay_janitor_marked_total"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestIntegrationJanitorNeverMarksUnacked holds confirms back: the rows
+// reach the queue but stay unmarked until the relay has the acks.
+func TestIntegrationJanitorNeverMarksUnacked(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	proxy := testenv.MustProxy(t, "127.0.0.1:5672")
+	r := e.startRelay(map[string]string{"AMQP_URL": "amqp://guest:guest@" + proxy.Addr() + "/", "AMQP_HEARTBEAT": "30s", "MONITOR_INTERVAL": "100ms"})
+	r.waitStreaming(t)
+	proxy.HoldDownstream(true)
+	rows, _ := insertTxns(t, e.db, "k", 50)
+	waitCount(t, e.consumer, len(rows), 30*time.Second)
+	time.Sleep(1500 * time.Millisecond) // three mark intervals
+	if n := unmarked(t, e, rows); n != len(rows) {
+		t.Fatalf("%d rows marked published before the broker confirmed them", len(rows)-n)
+	}
+	if g := gauge(t, r.reg, "cdcrelay_outbox_unpublished"); g != float64(len(rows)) {
+		t.Fatalf("unpublished gauge %v, want %d", g, len(rows))
+	}
+	proxy.HoldDownstream(false)
+	waitMarked(t, e, rows, 10*time.Second)
+}
+
+// TestIntegrationJanitorFailuresDoNotStopStreaming: marking fails (a
+// trigger refuses it) while events keep flowing; once it works again the
+// rows are marked.
+func TestIntegrationJanitorFailuresDoNotStopStreaming(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	ctx := context.Background()
+	_, err := e.db.Exec(ctx, `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'marking refused by test'; END $$;
+		CREATE TRIGGER refuse BEFORE UPDATE ON event_outbox FOR EACH ROW EXECUTE FUNCTION refuse()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
+	r.waitStreaming(t)
+	rows, _ := insertTxns(t, e.db, "k", 10, 10)
+	waitAll(t, e.consumer, rows, 30*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for gauge(t, r.reg, "cdcrelay_janitor_errors_total") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("janitor errors not counted")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	more, _ := insertTxns(t, e.db, "k", 5)
+	waitAll(t, e.consumer, more, 30*time.Second)
+	if n := unmarked(t, e, append(rows, more...)); n != len(rows)+len(more) {
+		t.Fatalf("%d rows marked through a refusing trigger", len(rows)+len(more)-n)
+	}
+	if _, err := e.db.Exec(ctx, `DROP TRIGGER refuse ON event_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	waitMarked(t, e, append(rows, more...), 10*time.Second)
+}
+
+// TestIntegrationRetention deletes old published rows in batches and never
+// an unpublished one, however old.
+func TestIntegrationRetention(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	ctx := context.Background()
+	_, err := e.db.Exec(ctx, `
+		INSERT INTO event_outbox (routing_key, payload, enqueued_at, published_at)
+		SELECT 'old', '{}', now() - interval '30 days', now() - interval '8 days' FROM generate_series(1, 2500);
+		INSERT INTO event_outbox (routing_key, payload, enqueued_at, published_at)
+		SELECT 'recent', '{}', now() - interval '2 days', now() - interval '1 day' FROM generate_series(1, 100);`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Unpublished and old: the relay publishes these from the new slot's
+	// snapshot, but a trigger keeps them from being marked, so they stay
+	// unpublished while retention runs.
+	_, err = e.db.Exec(ctx, `
+		INSERT INTO event_outbox (routing_key, payload, enqueued_at) SELECT 'stuck', '{}', now() - interval '60 days' FROM generate_series(1, 10);
+		CREATE FUNCTION keep_stuck() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.routing_key = 'stuck' THEN RETURN NULL; END IF; RETURN NEW; END $$;
+		CREATE TRIGGER keep_stuck BEFORE UPDATE ON event_outbox FOR EACH ROW EXECUTE FUNCTION keep_stuck()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := e.startRelay(map[string]string{"RETENTION": "7d", "RETENTION_INTERVAL": "200ms", "RETENTION_BATCH": "1000"})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var old, recent, stuck int
+		err := e.db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE routing_key = 'old'), count(*) FILTER (WHERE routing_key = 'recent'),
+			count(*) FILTER (WHERE routing_key = 'stuck' AND published_at IS NULL) FROM event_outbox`).Scan(&old, &recent, &stuck)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stuck != 10 || recent != 100 {
+			t.Fatalf("retention deleted rows it must keep: %d of 10 unpublished, %d of 100 recent left", stuck, recent)
+		}
+		if old == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d old published rows left after 20s", old)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := gauge(t, r.reg, "cdcrelay_janitor_deleted_total"); n != 2500 {
+		t.Fatalf("deleted counter %v, want 2500", n)
+	}
+	if waitCount(t, e.consumer, 10, 10*time.Second); e.consumer.Count() != 10 {
+		t.Fatalf("%d deliveries, want the 10 unpublished rows", e.consumer.Count())
+	}
+}
