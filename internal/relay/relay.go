@@ -270,7 +270,7 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		var err error
-		n, err = slot.Backfill(gctx, db, created.Snapshot, r.mapping, seq, events)
+		n, err = slot.Backfill(gctx, db, created, r.mapping, seq, events)
 		return err
 	})
 	g.Go(func() error { return publisher.Run(gctx) })

@@ -22,10 +22,11 @@ type Sequencer interface{ Event() uint64 }
 // exported snapshot, oldest first, and sends each to out as an event. The
 // snapshot holds exactly the rows committed before the slot's consistent
 // point; everything after is in the slot's stream, so together they leave
-// no gap. Events carry commit LSN 0/0 and their position in the backfill as
-// index, which orders them before every streamed event. out is closed when
-// Backfill returns.
-func Backfill(ctx context.Context, db *pgx.Conn, snapshot string, m wal.Mapping, seq Sequencer, out chan<- wal.Event) (int, error) {
+// no gap. Events carry the slot's consistent point as commit LSN and their
+// position in the backfill as index: every row was committed before that
+// point and every streamed transaction commits after it, so consumers see
+// one order. out is closed when Backfill returns.
+func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq Sequencer, out chan<- wal.Event) (int, error) {
 	defer close(out)
 	query, err := backfillQuery(ctx, db, m)
 	if err != nil {
@@ -36,7 +37,7 @@ func Backfill(ctx context.Context, db *pgx.Conn, snapshot string, m wal.Mapping,
 		return 0, fmt.Errorf("begin backfill: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", strings.ReplaceAll(snapshot, "'", "''"))); err != nil {
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", strings.ReplaceAll(c.Snapshot, "'", "''"))); err != nil {
 		return 0, fmt.Errorf("import slot snapshot: %w", err)
 	}
 	if _, err := tx.Exec(ctx, "DECLARE cdcrelay_backfill NO SCROLL CURSOR FOR "+query); err != nil {
@@ -53,7 +54,7 @@ func Backfill(ctx context.Context, db *pgx.Conn, snapshot string, m wal.Mapping,
 			return n, err
 		}
 		for _, ev := range events {
-			ev.Seq = seq.Event()
+			ev.Seq, ev.CommitLSN = seq.Event(), c.ConsistentPoint
 			select {
 			case out <- ev:
 			case <-ctx.Done():
