@@ -22,7 +22,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
-	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -96,19 +95,8 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	schema, table, err := config.SplitTable(cfg.Table)
+	svc, err := relay.NewService(cfg, log, reg)
 	if err != nil {
-		return err
-	}
-	var r *relay.Relay
-	jan := janitor.New(janitor.Options{
-		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, IDColumn: cfg.IDColumn,
-		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
-		Retention: time.Duration(cfg.Retention), RetentionInterval: time.Duration(cfg.RetentionInterval),
-		RetentionBatch: cfg.RetentionBatch, StatsInterval: cfg.MonitorInterval,
-		Active: func() bool { return r.Streaming() },
-	}, log.With("stage", "janitor"), reg)
-	if r, err = relay.New(cfg, jan, log, reg); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
@@ -117,22 +105,17 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 	}
 	log.Info("starting", "version", version, "database_url", config.Redact(cfg.DatabaseURL),
 		"amqp_url", config.Redact(cfg.AMQPURL), "exchange", cfg.Exchange, "http", ln.Addr().String())
-	srv := &http.Server{Handler: httpHandler(reg, r), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: httpHandler(reg, svc.Relay), ReadHeaderTimeout: 5 * time.Second}
 
 	g, gctx := errgroup.WithContext(ctx)
-	// The relay decides when the process ends; the other stages follow it.
-	stages, stop := context.WithCancel(gctx)
-	defer stop()
 	g.Go(func() error {
-		defer stop()
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = srv.Shutdown(sctx)
 		}()
-		return r.Run(gctx)
+		return svc.Run(gctx)
 	})
-	g.Go(func() error { return jan.Run(stages) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http server: %w", err)
@@ -147,7 +130,13 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 func httpHandler(reg *prometheus.Registry, r *relay.Relay) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// Healthy means alive and not wedged; a failing pipeline that keeps
+	// retrying is healthy (restarting the pod would not help it).
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := r.Healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	// Ready means doing its job: streaming, or a healthy hot standby

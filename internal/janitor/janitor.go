@@ -1,6 +1,6 @@
 // Package janitor keeps the outbox table tidy behind the relay: it marks
-// acknowledged events published_at in batches, deletes old published rows
-// and reports the backlog the polling drainer used to report.
+// acknowledged events published_at in batches and deletes old published
+// rows.
 package janitor
 
 import (
@@ -24,9 +24,8 @@ type Options struct {
 	Retention         time.Duration // published rows older than this are deleted
 	RetentionInterval time.Duration
 	RetentionBatch    int
-	StatsInterval     time.Duration // how often the pending count is read
-	// Active reports whether this process streams the slot; retention and
-	// statistics run only then, so a hot standby puts no load on the primary.
+	// Active reports whether this process streams the slot; retention runs
+	// only then, so a hot standby puts no load on the primary.
 	Active func() bool
 }
 
@@ -87,8 +86,6 @@ func (j *Janitor) Run(ctx context.Context) error {
 	defer mark.Stop()
 	retention := time.NewTicker(j.opts.RetentionInterval)
 	defer retention.Stop()
-	stats := time.NewTicker(j.opts.StatsInterval)
-	defer stats.Stop()
 	for {
 		var task func(context.Context, *pgx.Conn) error
 		select {
@@ -100,8 +97,6 @@ func (j *Janitor) Run(ctx context.Context) error {
 			task = j.flush
 		case <-retention.C:
 			task = j.retain
-		case <-stats.C:
-			task = j.measure
 		}
 		var err error
 		if db, err = j.conn(ctx, db); err == nil {
@@ -213,24 +208,6 @@ func (j *Janitor) retain(ctx context.Context, db *pgx.Conn) error {
 			return nil
 		}
 	}
-	return nil
-}
-
-// measure reads the backlog: rows not yet marked and the age of the oldest.
-// Both use the partial index on enqueued_at WHERE published_at IS NULL.
-func (j *Janitor) measure(ctx context.Context, db *pgx.Conn) error {
-	if !j.active() {
-		return nil
-	}
-	sql := fmt.Sprintf(`SELECT count(*), coalesce(extract(epoch FROM now() - min(enqueued_at)), 0)
-		FROM %s WHERE published_at IS NULL`, pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize())
-	var n int64
-	var age float64
-	if err := db.QueryRow(ctx, sql).Scan(&n, &age); err != nil {
-		return fmt.Errorf("count unpublished rows: %w", err)
-	}
-	j.metrics.pending.Set(float64(n))
-	j.metrics.oldest.Set(age)
 	return nil
 }
 

@@ -4,7 +4,6 @@ import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
 	marked, deleted, errors, dropped prometheus.Counter
-	pending, oldest                  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -21,13 +20,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_janitor_marks_dropped_total", Help: "Acked ids dropped unmarked because the database could not be written for too long.",
 		}),
-		pending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "cdcrelay_outbox_unpublished", Help: "Outbox rows with published_at IS NULL (read every monitor interval by the streaming relay).",
-		}),
-		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "cdcrelay_oldest_unpublished_age_seconds", Help: "Age of the oldest outbox row with published_at IS NULL.",
-		}),
 	}
-	reg.MustRegister(m.marked, m.deleted, m.errors, m.dropped, m.pending, m.oldest)
+	reg.MustRegister(m.marked, m.deleted, m.errors, m.dropped)
 	return m
 }

@@ -127,8 +127,17 @@ func TestIntegrationSlotDroppedWhileDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	gap, _ := insertTxns(t, e.db, "k", 100)
-	if _, err := e.db.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slotName); err != nil {
-		t.Fatal(err)
+	// The walsender exits a moment after the relay closes its connection.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := e.db.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slotName)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	e.startRelay(nil)
 	waitAll(t, e.consumer, append(append([]row(nil), first...), gap...), 30*time.Second)

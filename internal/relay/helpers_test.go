@@ -22,7 +22,6 @@ import (
 	"github.com/sethvargo/go-envconfig"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
-	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
@@ -98,46 +97,26 @@ func (e *env) config(extra map[string]string) config.Config {
 	return cfg
 }
 
-// running is an in-process relay with its janitor.
+// running is an in-process relay service (relay, janitor, monitor).
 type running struct {
 	cancel context.CancelFunc
 	done   chan error
 	relay  *relay.Relay
 	reg    *prometheus.Registry
-	jan    chan error
 }
 
-// startRelay runs a relay and its janitor in this process until the test
-// ends or stop.
+// startRelay runs the service in this process until the test ends or stop.
 func (e *env) startRelay(extra map[string]string) *running {
 	e.t.Helper()
-	cfg := e.config(extra)
 	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	reg := prometheus.NewRegistry()
-	run := &running{done: make(chan error, 1), reg: reg, jan: make(chan error, 1)}
-	schema, table, err := config.SplitTable(cfg.Table)
+	svc, err := relay.NewService(e.config(extra), log, reg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	jan := janitor.New(janitor.Options{
-		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, IDColumn: cfg.IDColumn,
-		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch, Retention: time.Duration(cfg.Retention),
-		RetentionInterval: time.Duration(cfg.RetentionInterval), RetentionBatch: cfg.RetentionBatch,
-		StatsInterval: cfg.MonitorInterval, Active: func() bool { return run.relay.Streaming() },
-	}, log.With("stage", "janitor"), reg)
-	if run.relay, err = relay.New(cfg, jan, log, reg); err != nil {
-		e.t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	run.cancel = cancel
-	jctx, stopJanitor := context.WithCancel(context.Background())
-	go func() { run.jan <- jan.Run(jctx) }()
-	go func() {
-		err := run.relay.Run(ctx)
-		stopJanitor()
-		<-run.jan
-		run.done <- err
-	}()
+	run := &running{cancel: cancel, done: make(chan error, 1), relay: svc.Relay, reg: reg}
+	go func() { run.done <- svc.Run(ctx) }()
 	e.t.Cleanup(func() { _ = run.stop(e.t) })
 	return run
 }

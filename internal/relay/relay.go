@@ -58,7 +58,24 @@ type Relay struct {
 	walM    *wal.Metrics
 	pubM    *publish.Metrics
 
-	role atomic.Int32
+	role  atomic.Int32
+	alive atomic.Int64 // unix nanos of the reader's last turn
+}
+
+// wedgedAfter is how long a streaming reader may go without a turn of its
+// loop before Healthy reports it; the loop turns at least every 200ms.
+const wedgedAfter = time.Minute
+
+// Healthy reports an error when the process is alive but stuck: streaming
+// with a reader that stopped turning.
+func (r *Relay) Healthy() error {
+	if r.Role() != RoleStreaming {
+		return nil
+	}
+	if since := time.Since(time.Unix(0, r.alive.Load())); since > wedgedAfter {
+		return fmt.Errorf("replication reader has not run for %s", since.Round(time.Second))
+	}
+	return nil
 }
 
 // New builds a relay from a validated configuration. marker, if not nil,
@@ -300,10 +317,11 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	reader := &wal.Reader{
 		Conn: repl, Decoder: wal.NewDecoder(r.mapping), Marks: marks, Out: events,
 		StatusInterval: interval, Stop: ctx.Done(), Drained: drained,
-		Log: r.log, Metrics: r.walM,
+		Log: r.log, Metrics: r.walM, Alive: &r.alive,
 	}
 	publisher := r.publisher(link, events, acks{marks, r.marker}, drained)
 	r.log.Info("streaming", "from", start, "status_interval", interval)
+	r.alive.Store(time.Now().UnixNano())
 	r.setRole(RoleStreaming)
 
 	g, gctx := errgroup.WithContext(hard)

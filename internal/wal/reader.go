@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -45,6 +46,9 @@ type Reader struct {
 
 	Log     *slog.Logger
 	Metrics *Metrics
+	// Alive, if set, gets the time of every turn of the loop (at least every
+	// progressDelay), so a health check can tell a wedged reader.
+	Alive *atomic.Int64
 
 	sent     pglogrepl.LSN // last position reported to the server
 	lastSent time.Time
@@ -209,6 +213,9 @@ func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
 // maybeSendStatus reports the position when the server asked, when the
 // interval has passed, or when the position moved and progressDelay passed.
 func (r *Reader) maybeSendStatus(force bool) error {
+	if r.Alive != nil {
+		r.Alive.Store(time.Now().UnixNano())
+	}
 	pos := r.Marks.Position()
 	since := time.Since(r.lastSent)
 	if !force && since < r.StatusInterval && (pos <= r.sent || since < progressDelay) {

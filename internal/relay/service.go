@@ -1,0 +1,61 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/janitor"
+	"github.com/cdcrelay/cdcrelay/internal/monitor"
+)
+
+// Service is the relay with the stages that run beside it: the janitor and
+// the monitor. The relay decides when the service ends; the others follow.
+type Service struct {
+	Relay   *Relay
+	janitor *janitor.Janitor
+	monitor *monitor.Monitor
+}
+
+// NewService builds the stages from a validated configuration.
+func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Service, error) {
+	schema, table, err := config.SplitTable(cfg.Table)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{}
+	active := func() bool { return s.Relay.Streaming() }
+	s.janitor = janitor.New(janitor.Options{
+		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, IDColumn: cfg.IDColumn,
+		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
+		Retention: time.Duration(cfg.Retention), RetentionInterval: time.Duration(cfg.RetentionInterval),
+		RetentionBatch: cfg.RetentionBatch, Active: active,
+	}, log.With("stage", "janitor"), reg)
+	s.monitor = monitor.New(monitor.Options{
+		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, Slot: cfg.Slot,
+		Interval: cfg.MonitorInterval, Active: active,
+	}, log.With("stage", "monitor"), reg)
+	if s.Relay, err = New(cfg, s.janitor, log, reg); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run runs every stage until the relay returns: nil after a graceful stop
+// (ctx ended), the fatal error otherwise. The janitor gets to flush the
+// marks it holds before Run returns.
+func (s *Service) Run(ctx context.Context) error {
+	stages, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	g := new(errgroup.Group)
+	g.Go(func() error { return s.janitor.Run(stages) })
+	g.Go(func() error { return s.monitor.Run(stages) })
+	err := s.Relay.Run(ctx)
+	stop()
+	_ = g.Wait() // the janitor and the monitor only end with stages
+	return err
+}
