@@ -60,6 +60,10 @@ type Config struct {
 	StandbyRetry      time.Duration `env:"STANDBY_RETRY, default=2s"`
 	SlotLost          string        `env:"SLOT_LOST, default=recreate"`
 
+	Poison             string   `env:"POISON, default=park"`
+	DeadLetterExchange string   `env:"DEAD_LETTER_EXCHANGE"`
+	MaxMessageBytes    ByteSize `env:"MAX_MESSAGE_BYTES, default=128MiB"`
+
 	LogLevel  string `env:"LOG_LEVEL, default=info"`
 	LogFormat string `env:"LOG_FORMAT, default=text"`
 }
@@ -215,6 +219,15 @@ func (c *Config) Validate() error {
 	if c.SlotLost != SlotLostRecreate && c.SlotLost != SlotLostStop {
 		bad("SLOT_LOST", "%q: want %s or %s", c.SlotLost, SlotLostRecreate, SlotLostStop)
 	}
+	if c.Poison != PoisonPark && c.Poison != PoisonStop {
+		bad("POISON", "%q: want %s or %s", c.Poison, PoisonPark, PoisonStop)
+	}
+	if c.MaxMessageBytes < 1 {
+		bad("MAX_MESSAGE_BYTES", "must be positive")
+	}
+	if len(c.DeadLetterExchange) > 255 {
+		bad("DEAD_LETTER_EXCHANGE", "longer than 255 bytes")
+	}
 	if c.AMQPHeartbeat < 0 {
 		bad("AMQP_HEARTBEAT", "must not be negative")
 	}
@@ -261,6 +274,12 @@ func (c *Config) Level() (slog.Level, error) {
 const (
 	SlotLostRecreate = "recreate" // drop it, create a new one and publish unpublished rows from its snapshot
 	SlotLostStop     = "stop"     // exit with an error and leave the slot for an operator
+)
+
+// What to do with a poison event (one that can never become a valid message).
+const (
+	PoisonPark = "park" // mark the row attempts+1 / last_error, dead-letter it if configured, go on
+	PoisonStop = "stop" // exit with an error naming the event
 )
 
 // Duration is a time.Duration that also accepts days, as in "7d" or "1d12h".

@@ -42,9 +42,11 @@ type Janitor struct {
 
 	mu      sync.Mutex
 	pending []string
+	parked  []parked
 	wake    chan struct{} // a full batch is waiting
 
 	markSQL string // built once the id column's type is known
+	parkSQL string
 }
 
 // New returns a Janitor; its metrics are registered with reg.
@@ -68,6 +70,21 @@ func (j *Janitor) Mark(id string) {
 		case j.wake <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// parked is a poison event to record on its row.
+type parked struct{ id, reason string }
+
+// Park records that the event with this id was parked as poison: its row
+// gets attempts+1 and last_error, and stays unpublished. It never blocks.
+func (j *Janitor) Park(id, reason string) {
+	j.mu.Lock()
+	j.parked = append(j.parked, parked{id, reason})
+	j.mu.Unlock()
+	select {
+	case j.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -141,8 +158,12 @@ func (j *Janitor) putBack(batch []string) {
 	j.pending = append(batch, j.pending...)
 }
 
-// flush marks every pending id, one UPDATE per batch.
+// flush records parked events, then marks every pending id, one UPDATE
+// per batch.
 func (j *Janitor) flush(ctx context.Context, db *pgx.Conn) error {
+	if err := j.flushParked(ctx, db); err != nil {
+		return err
+	}
 	for {
 		batch := j.take()
 		if len(batch) == 0 {
@@ -162,6 +183,36 @@ func (j *Janitor) flush(ctx context.Context, db *pgx.Conn) error {
 	}
 }
 
+// flushParked writes attempts and last_error for parked events. Poison is
+// rare, so one statement per row is fine.
+func (j *Janitor) flushParked(ctx context.Context, db *pgx.Conn) error {
+	j.mu.Lock()
+	todo := j.parked
+	j.parked = nil
+	j.mu.Unlock()
+	if len(todo) == 0 {
+		return nil
+	}
+	if _, err := j.markStatement(ctx, db); err != nil {
+		j.requeueParked(todo)
+		return err
+	}
+	for i, p := range todo {
+		if _, err := db.Exec(ctx, j.parkSQL, p.id, p.reason); err != nil {
+			j.requeueParked(todo[i:])
+			return fmt.Errorf("record parked event %s: %w", p.id, err)
+		}
+		j.metrics.parked.Inc()
+	}
+	return nil
+}
+
+func (j *Janitor) requeueParked(todo []parked) {
+	j.mu.Lock()
+	j.parked = append(todo, j.parked...)
+	j.mu.Unlock()
+}
+
 // markStatement builds the UPDATE with the parameter cast to the id
 // column's own type, so the primary key index finds the rows.
 func (j *Janitor) markStatement(ctx context.Context, db *pgx.Conn) (string, error) {
@@ -175,8 +226,9 @@ func (j *Janitor) markStatement(ctx context.Context, db *pgx.Conn) (string, erro
 	if err != nil {
 		return "", fmt.Errorf("look up the type of %s.%s: %w", table, j.opts.IDColumn, err)
 	}
-	j.markSQL = fmt.Sprintf(`UPDATE %s SET published_at = now() WHERE %s = ANY($1::%s[]) AND published_at IS NULL`,
-		table, pgx.Identifier{j.opts.IDColumn}.Sanitize(), typ)
+	id := pgx.Identifier{j.opts.IDColumn}.Sanitize()
+	j.markSQL = fmt.Sprintf(`UPDATE %s SET published_at = now() WHERE %s = ANY($1::%s[]) AND published_at IS NULL`, table, id, typ)
+	j.parkSQL = fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = left($2, 2000) WHERE %s = $1::%s AND published_at IS NULL`, table, id, typ)
 	return j.markSQL, nil
 }
 

@@ -3,7 +3,7 @@ package janitor
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	marked, deleted, errors, dropped prometheus.Counter
+	marked, deleted, errors, dropped, parked prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -17,10 +17,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_janitor_errors_total", Help: "Janitor statements that failed (retried; streaming goes on).",
 		}),
+		parked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_janitor_parked_total", Help: "Poison events recorded on their rows (attempts+1, last_error).",
+		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_janitor_marks_dropped_total", Help: "Acked ids dropped unmarked because the database could not be written for too long.",
 		}),
 	}
-	reg.MustRegister(m.marked, m.deleted, m.errors, m.dropped)
+	reg.MustRegister(m.marked, m.deleted, m.errors, m.dropped, m.parked)
 	return m
 }

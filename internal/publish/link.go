@@ -31,9 +31,9 @@ type Link struct {
 type DialOptions struct {
 	URL       string
 	Heartbeat time.Duration
-	Exchange  string // checked passively; empty is the default exchange
-	Name      string // connection name shown in the management UI
-	Window    int    // in-flight window; sizes the returns buffer
+	Exchanges []string // checked passively; empty names (the default exchange) are skipped
+	Name      string   // connection name shown in the management UI
+	Window    int      // in-flight window; sizes the returns buffer
 }
 
 // Dial connects, opens a confirm-mode channel and checks the exchange.
@@ -62,20 +62,10 @@ func Dial(ctx context.Context, o DialOptions) (*Link, error) {
 }
 
 func (l *Link) setup(o DialOptions) error {
-	if o.Exchange != "" {
-		// A failed passive declare closes its channel, so use a throwaway one.
-		probe, err := l.Conn.Channel()
-		if err != nil {
-			return fmt.Errorf("open channel: %w", err)
+	for _, name := range o.Exchanges {
+		if err := l.checkExchange(name); err != nil {
+			return err
 		}
-		if err := probe.ExchangeDeclarePassive(o.Exchange, "topic", true, false, false, false, nil); err != nil {
-			var aerr *amqp.Error
-			if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
-				return fmt.Errorf("%w: %q (declare it, or set CDCRELAY_EXCHANGE)", ErrNoExchange, o.Exchange)
-			}
-			return fmt.Errorf("check exchange %q: %w", o.Exchange, err)
-		}
-		_ = probe.Close()
 	}
 	ch, err := l.Conn.Channel()
 	if err != nil {
@@ -89,6 +79,28 @@ func (l *Link) setup(o DialOptions) error {
 	l.chClosed = ch.NotifyClose(make(chan *amqp.Error, 1))
 	l.connClosed = l.Conn.NotifyClose(make(chan *amqp.Error, 1))
 	l.blocked = l.Conn.NotifyBlocked(make(chan amqp.Blocking, 8))
+	return nil
+}
+
+// checkExchange fails when the exchange does not exist; the relay does not
+// declare topology.
+func (l *Link) checkExchange(name string) error {
+	if name == "" {
+		return nil
+	}
+	// A failed passive declare closes its channel, so use a throwaway one.
+	probe, err := l.Conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := probe.ExchangeDeclarePassive(name, "topic", true, false, false, false, nil); err != nil {
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+			return fmt.Errorf("%w: %q (declare it, or change CDCRELAY_EXCHANGE / CDCRELAY_DEAD_LETTER_EXCHANGE)", ErrNoExchange, name)
+		}
+		return fmt.Errorf("check exchange %q: %w", name, err)
+	}
+	_ = probe.Close()
 	return nil
 }
 

@@ -10,6 +10,7 @@ type Metrics struct {
 	nacks          prometheus.Counter
 	returns        prometheus.Counter
 	blocked        prometheus.Gauge
+	poison         prometheus.Counter
 	confirmLatency prometheus.Histogram
 	commitToAck    prometheus.Histogram
 }
@@ -33,6 +34,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		returns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_returns_total", Help: "Messages the broker returned as unroutable; each one restarts the pipeline.",
 		}),
+		poison: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_poison_events_total", Help: "Events that can never become a valid message (NULL routing key, invalid JSON, too large, ...).",
+		}),
 		blocked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cdcrelay_broker_blocked", Help: "1 while the broker blocks publishers (resource alarm).",
 		}),
@@ -43,6 +47,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cdcrelay_commit_to_ack_seconds", Help: "Time from the PostgreSQL commit to the broker confirm.", Buckets: buckets,
 		}),
 	}
-	reg.MustRegister(m.published, m.bytes, m.inFlight, m.nacks, m.returns, m.blocked, m.confirmLatency, m.commitToAck)
+	reg.MustRegister(m.published, m.bytes, m.inFlight, m.nacks, m.returns, m.blocked, m.poison, m.confirmLatency, m.commitToAck)
 	return m
 }

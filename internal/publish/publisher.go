@@ -23,8 +23,12 @@ var (
 	ErrClosed         = errors.New("broker connection closed")
 )
 
-// Acker receives each confirmed event's sequence number and id.
-type Acker interface{ Ack(seq uint64, id string) }
+// Acker learns the fate of each event, in publish order: acknowledged by
+// the broker, or parked as poison (and dead-lettered, if configured).
+type Acker interface {
+	Ack(seq uint64, id string)
+	Parked(seq uint64, id, reason string)
+}
 
 // Publisher publishes events from In in order on the Link's confirm-mode
 // channel, keeps at most MaxInFlight messages and MaxInFlightBytes bytes
@@ -39,6 +43,10 @@ type Publisher struct {
 	MaxInFlight      int
 	MaxInFlightBytes int64
 	ConfirmTimeout   time.Duration
+	MaxMessageBytes  int64
+	Poison           PoisonPolicy
+	// DeadLetterExchange, if set, receives parked poison events.
+	DeadLetterExchange string
 	// Drained is closed once In is closed and every published message is
 	// confirmed: the reader then sends its final status update.
 	Drained chan<- struct{}
@@ -57,6 +65,7 @@ type inflight struct {
 	weight int64
 	sent   time.Time
 	commit time.Time
+	parked string // poison reason; dc is nil unless it was dead-lettered
 }
 
 // Run publishes until In is closed and drained, ctx ends or a failure.
@@ -98,29 +107,76 @@ func (p *Publisher) publishLoop(ctx context.Context, fifo chan<- inflight, bytes
 		if err := bytes.Acquire(ctx, weight); err != nil {
 			return err
 		}
-		msg, err := Message(&ev)
+		f, err := p.publish(ctx, &ev)
 		if err != nil {
 			return err
 		}
-		exchange := p.Exchange
-		if ev.Exchange != "" {
-			exchange = ev.Exchange
-		}
-		// mandatory: an unroutable message comes back as basic.return, which
-		// is a failure, never a silent drop.
-		dc, err := p.Link.Ch.PublishWithDeferredConfirmWithContext(ctx, exchange, ev.RoutingKey, true, false, msg)
-		if err != nil {
-			return fmt.Errorf("publish event %s: %w", ev.ID, err)
-		}
-		p.Metrics.published.Inc()
-		p.Metrics.bytes.Add(float64(len(msg.Body)))
-		p.Metrics.inFlight.Inc()
+		f.weight = weight
 		select {
-		case fifo <- inflight{dc: dc, seq: ev.Seq, id: ev.ID, weight: weight, sent: time.Now(), commit: ev.CommitTime}:
+		case fifo <- f:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+// publish sends one event, or handles it by the poison policy when it can
+// never become a valid message.
+func (p *Publisher) publish(ctx context.Context, ev *wal.Event) (inflight, error) {
+	f := inflight{seq: ev.Seq, id: ev.ID, sent: time.Now(), commit: ev.CommitTime}
+	reason := Check(ev, p.MaxMessageBytes)
+	var msg amqp.Publishing
+	if reason == "" {
+		var err error
+		if msg, err = Message(ev); err != nil {
+			reason = err.Error()
+		}
+	}
+	if reason != "" {
+		return p.poison(ctx, ev, f, reason)
+	}
+	exchange := p.Exchange
+	if ev.Exchange != "" {
+		exchange = ev.Exchange
+	}
+	// mandatory: an unroutable message comes back as basic.return, which is
+	// a failure, never a silent drop.
+	dc, err := p.Link.Ch.PublishWithDeferredConfirmWithContext(ctx, exchange, ev.RoutingKey, true, false, msg)
+	if err != nil {
+		return f, fmt.Errorf("publish event %s: %w", ev.ID, err)
+	}
+	p.Metrics.published.Inc()
+	p.Metrics.bytes.Add(float64(len(msg.Body)))
+	p.Metrics.inFlight.Inc()
+	f.dc = dc
+	return f, nil
+}
+
+// poison applies the policy to an event that can never be published. Only
+// the event's own content leads here: transport failures never do, so they
+// never count as attempts.
+func (p *Publisher) poison(ctx context.Context, ev *wal.Event, f inflight, reason string) (inflight, error) {
+	p.Metrics.poison.Inc()
+	if p.Poison == Stop {
+		return f, fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, ev.ID, reason)
+	}
+	p.Log.Error("parking poison event: left unpublished with last_error set", "event", ev.ID, "reason", reason,
+		"dead_letter_exchange", p.DeadLetterExchange)
+	f.parked = reason
+	if p.DeadLetterExchange == "" {
+		return f, nil
+	}
+	key := ev.RoutingKey
+	if len(key) > maxShortString {
+		key = ""
+	}
+	dc, err := p.Link.Ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, deadLetter(ev, reason, p.MaxMessageBytes))
+	if err != nil {
+		return f, fmt.Errorf("dead-letter event %s: %w", ev.ID, err)
+	}
+	p.Metrics.inFlight.Inc()
+	f.dc = dc
+	return f, nil
 }
 
 // confirmLoop takes confirms in publish order. Acks arrive in any order;
@@ -147,6 +203,10 @@ func (p *Publisher) confirmLoop(ctx context.Context, fifo <-chan inflight, bytes
 }
 
 func (p *Publisher) await(ctx context.Context, f inflight) error {
+	if f.dc == nil { // parked without a dead-letter exchange: nothing to confirm
+		p.Acks.Parked(f.seq, f.id, f.parked)
+		return nil
+	}
 	timer := time.NewTimer(p.ConfirmTimeout)
 	defer timer.Stop()
 	for {
@@ -168,6 +228,10 @@ func (p *Publisher) await(ctx context.Context, f inflight) error {
 				}
 				p.Metrics.nacks.Inc()
 				return fmt.Errorf("%w: event %s (a queue refused it: overflow reject-publish or an internal error)", ErrNacked, f.id)
+			}
+			if f.parked != "" {
+				p.Acks.Parked(f.seq, f.id, f.parked)
+				return nil
 			}
 			p.Acks.Ack(f.seq, f.id)
 			now := time.Now()

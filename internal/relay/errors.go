@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
@@ -17,7 +18,7 @@ func Fatal(err error) bool {
 	if err == nil {
 		return false
 	}
-	for _, e := range []error{wal.ErrUnsupported, wal.ErrProtocol, wal.ErrSchema, wal.ErrMalformed, slot.ErrSlotMismatch, slot.ErrSlotLost} {
+	for _, e := range []error{wal.ErrUnsupported, wal.ErrProtocol, wal.ErrSchema, wal.ErrMalformed, slot.ErrSlotMismatch, slot.ErrSlotLost, publish.ErrPoison} {
 		if errors.Is(err, e) {
 			return true
 		}

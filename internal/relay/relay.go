@@ -27,8 +27,12 @@ import (
 // the publisher; the in-flight window sits behind it.
 const eventBuffer = 256
 
-// Marker receives the ids of acknowledged events (the janitor).
-type Marker interface{ Mark(id string) }
+// Marker records the fate of events on their rows (the janitor): Mark for
+// acknowledged ones, Park for poison ones.
+type Marker interface {
+	Mark(id string)
+	Park(id, reason string)
+}
 
 // Role is what the relay is doing now.
 type Role int32
@@ -52,6 +56,7 @@ type Relay struct {
 	cfg     config.Config
 	mapping wal.Mapping
 	target  slot.Target
+	poison  publish.PoisonPolicy
 	marker  Marker
 	log     *slog.Logger
 	metrics *metrics
@@ -93,6 +98,7 @@ func New(cfg config.Config, marker Marker, log *slog.Logger, reg prometheus.Regi
 			Headers: cfg.HeadersColumn, Exchange: cfg.ExchangeColumn, MessageType: cfg.TypeColumn,
 		},
 		target:  slot.Target{Publication: cfg.Publication, Slot: cfg.Slot, Schema: schema, Table: table},
+		poison:  map[string]publish.PoisonPolicy{config.PoisonPark: publish.Park, config.PoisonStop: publish.Stop}[cfg.Poison],
 		marker:  marker,
 		log:     log,
 		metrics: newMetrics(reg, cfg.Slot),
@@ -339,6 +345,7 @@ func (r *Relay) publisher(link *publish.Link, in <-chan wal.Event, a publish.Ack
 		Link: link, In: in, Acks: a, Exchange: r.cfg.Exchange,
 		MaxInFlight: r.cfg.MaxInFlight, MaxInFlightBytes: int64(r.cfg.MaxInFlightBytes),
 		ConfirmTimeout: r.cfg.ConfirmTimeout, Drained: drained,
+		MaxMessageBytes: int64(r.cfg.MaxMessageBytes), Poison: r.poison, DeadLetterExchange: r.cfg.DeadLetterExchange,
 		Log: r.log, Metrics: r.pubM,
 	}
 }
@@ -356,10 +363,20 @@ func (a acks) Ack(seq uint64, id string) {
 	}
 }
 
+// Parked moves the watermark past a poison event: it is recorded on its
+// row (and dead-lettered if configured), never published as is.
+func (a acks) Parked(seq uint64, id, reason string) {
+	a.marks.Ack(seq)
+	if a.marker != nil {
+		a.marker.Park(id, reason)
+	}
+}
+
 func (r *Relay) dial(ctx context.Context) (*publish.Link, error) {
 	link, err := publish.Dial(ctx, publish.DialOptions{
-		URL: r.cfg.AMQPURL, Heartbeat: r.cfg.AMQPHeartbeat, Exchange: r.cfg.Exchange,
-		Name: "cdcrelay " + r.cfg.Slot, Window: r.cfg.MaxInFlight,
+		URL: r.cfg.AMQPURL, Heartbeat: r.cfg.AMQPHeartbeat,
+		Exchanges: []string{r.cfg.Exchange, r.cfg.DeadLetterExchange},
+		Name:      "cdcrelay " + r.cfg.Slot, Window: r.cfg.MaxInFlight,
 	})
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("broker").Inc()

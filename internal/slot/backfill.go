@@ -49,7 +49,7 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 		if err != nil {
 			return n, fmt.Errorf("fetch backlog: %w", err)
 		}
-		events, err := scanEvents(rows, n)
+		events, err := scanEvents(rows, m, n)
 		if err != nil {
 			return n, err
 		}
@@ -69,15 +69,29 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 }
 
 // scanEvents turns one FETCH into events numbered from first.
-func scanEvents(rows pgx.Rows, first int) ([]wal.Event, error) {
+func scanEvents(rows pgx.Rows, m wal.Mapping, first int) ([]wal.Event, error) {
 	defer rows.Close()
 	var out []wal.Event
 	for rows.Next() {
 		var ev wal.Event
-		var headers, exchange, typ *string
+		var id, key, headers, exchange, typ *string
 		var enqueued *time.Time
-		if err := rows.Scan(&ev.ID, &ev.RoutingKey, &ev.Payload, &headers, &exchange, &typ, &enqueued); err != nil {
+		if err := rows.Scan(&id, &key, &ev.Payload, &headers, &exchange, &typ, &enqueued); err != nil {
 			return nil, fmt.Errorf("read backlog row: %w", err)
+		}
+		if id == nil {
+			return nil, fmt.Errorf("%w: a backlog row has a NULL id", wal.ErrSchema)
+		}
+		ev.ID = *id
+		// As in the stream, a NULL routing key or payload makes the row
+		// poison rather than breaking the backfill.
+		switch {
+		case key == nil:
+			ev.Problem = fmt.Sprintf("column %q is NULL", m.RoutingKey)
+		case ev.Payload == nil:
+			ev.Problem = fmt.Sprintf("column %q is NULL", m.Payload)
+		default:
+			ev.RoutingKey = *key
 		}
 		if headers != nil {
 			ev.Headers = []byte(*headers)

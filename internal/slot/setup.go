@@ -117,7 +117,7 @@ func Drop(ctx context.Context, db *pgx.Conn, slotName string) error {
 	if _, err := db.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slotName); err != nil {
 		switch pgCode(err) {
 		case "55006":
-			return fmt.Errorf("%w: %v", ErrBusy, err)
+			return fmt.Errorf("%w: %w", ErrBusy, err)
 		case "42704": // already gone
 			return nil
 		}

@@ -37,6 +37,10 @@ type Event struct {
 	CommitTime time.Time
 	Index      int    // position of the event among the outbox rows of its transaction
 	Seq        uint64 // position in the session's stream, assigned by the watermark tracker
+	// Problem, when set, says why the row cannot become a message (a NULL
+	// routing key or payload). Such a row is poison: it is handled by the
+	// poison policy, never published as is.
+	Problem string
 }
 
 // Size is the event's weight against the in-flight byte budget.
@@ -168,19 +172,22 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	}
 	ev := Event{CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, Index: d.index}
 	var err error
+	// Without an id the row cannot even be parked: stop.
 	if ev.ID, err = d.text(m.Tuple, rel.id, d.mapping.ID); err != nil {
-		return Step{}, err
+		return Step{}, fmt.Errorf("%w: %w", ErrSchema, err)
 	}
+	// A row with an id but a NULL routing key or payload is poison, not a
+	// broken stream: it is reported with its id and the stream goes on.
 	if ev.RoutingKey, err = d.text(m.Tuple, rel.key, d.mapping.RoutingKey); err != nil {
-		return Step{}, err
-	}
-	payload := m.Tuple[rel.payload]
-	if payload.Kind != 't' {
-		return Step{}, fmt.Errorf("%w: event %s: column %q is %s", ErrSchema, ev.ID, d.mapping.Payload, describe(payload.Kind))
+		ev.Problem = err.Error()
 	}
 	// The tuple aliases the connection's read buffer, which the next receive
 	// overwrites: copy what the event keeps.
-	ev.Payload = append([]byte(nil), payload.Data...)
+	if payload := m.Tuple[rel.payload]; payload.Kind == 't' {
+		ev.Payload = append([]byte(nil), payload.Data...)
+	} else if ev.Problem == "" {
+		ev.Problem = fmt.Sprintf("column %q is %s", d.mapping.Payload, describe(payload.Kind))
+	}
 	ev.Headers = optional(m.Tuple, rel.headers)
 	ev.Exchange = string(optional(m.Tuple, rel.exchange))
 	ev.Type = string(optional(m.Tuple, rel.msgType))
@@ -191,7 +198,7 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 func (d *Decoder) text(tuple []Value, at int, name string) (string, error) {
 	v := tuple[at]
 	if v.Kind != 't' {
-		return "", fmt.Errorf("%w: column %q is %s", ErrSchema, name, describe(v.Kind))
+		return "", fmt.Errorf("column %q is %s", name, describe(v.Kind))
 	}
 	return string(v.Data), nil
 }

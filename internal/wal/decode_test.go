@@ -107,8 +107,27 @@ func TestDecoder(t *testing.T) {
 			wantErr: ErrSchema,
 		},
 		{
-			name:    "NULL routing key",
-			msgs:    [][]byte{encBegin(1, 1), encRelation(1, "public", "event_outbox", "id", "routing_key", "payload"), encInsert(1, s("a"), nil, s("{}"))},
+			name: "NULL routing key or payload is a poison event, not a stream error",
+			msgs: [][]byte{
+				encBegin(1, 1), encRelation(1, "public", "event_outbox", "id", "routing_key", "payload"),
+				encInsert(1, s("a"), nil, s("{}")), encInsert(1, s("b"), s("k"), nil), encInsert(1, s("c"), s("k"), s("{}")),
+			},
+			want: []Kind{KindBegin, KindNone, KindEvent, KindEvent, KindEvent},
+			check: func(t *testing.T, steps []Step) {
+				if p := steps[2].Event.Problem; p != `column "routing_key" is NULL` || steps[2].Event.ID != "a" {
+					t.Fatalf("problem %q", p)
+				}
+				if p := steps[3].Event.Problem; p != `column "payload" is NULL` {
+					t.Fatalf("problem %q", p)
+				}
+				if p := steps[4].Event.Problem; p != "" {
+					t.Fatalf("problem %q on a good row", p)
+				}
+			},
+		},
+		{
+			name:    "NULL id stops the stream",
+			msgs:    [][]byte{encBegin(1, 1), encRelation(1, "public", "event_outbox", "id", "routing_key", "payload"), encInsert(1, nil, s("k"), s("{}"))},
 			want:    []Kind{KindBegin, KindNone},
 			wantErr: ErrSchema,
 		},
@@ -228,7 +247,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
-		if step.Kind == KindEvent && (step.Event.CommitLSN != 0x500 || step.Event.Payload == nil) {
+		if step.Kind == KindEvent && (step.Event.CommitLSN != 0x500 || (step.Event.Payload == nil && step.Event.Problem == "")) {
 			t.Fatalf("event without its transaction's position or payload: %+v", step.Event)
 		}
 		// The parser must agree with pglogrepl on messages both accept.
