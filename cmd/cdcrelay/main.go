@@ -31,6 +31,7 @@ const usage = `usage: cdcrelay <command>
 commands:
   run      stream outbox inserts to RabbitMQ (configuration: CDCRELAY_* variables, see README)
   migrate  create the outbox table, its index and the publication (idempotent)
+  check    preflight the database, role, publication, slot and broker; exits 1 on any error
   version  print the version
 `
 
@@ -54,6 +55,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runRelay(ctx, stderr)
 	case "migrate":
 		err = migrate(ctx, stderr)
+	case "check":
+		err = check(ctx, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 	default:

@@ -1,0 +1,529 @@
+package preflight
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// This file turns facts read from the server into findings. It does no I/O,
+// so every rule is unit tested without a database.
+
+// Check names, in the order Run reports them.
+const (
+	checkDatabase    = "database"
+	checkWALLevel    = "wal_level"
+	checkSlots       = "max_replication_slots"
+	checkSenders     = "max_wal_senders"
+	checkKeepSize    = "max_slot_wal_keep_size"
+	checkSyncStandby = "synchronous_standby_names"
+	checkPrivileges  = "privileges"
+	checkReplConn    = "replication connection"
+	checkTable       = "table"
+	checkMapping     = "mapping"
+	checkPublication = "publication"
+	checkSlot        = "slot"
+	checkBroker      = "broker"
+	checkExchange    = "exchange"
+)
+
+// target is what the configuration names, resolved.
+type target struct {
+	schema, table          string
+	publication, slot      string
+	database, role         string // current_database(), current_user
+	id, key, payload       string // required columns
+	headers, exch, msgType string // optional columns ("" = not configured)
+}
+
+func (t target) qualified() string { return t.schema + "." + t.table }
+
+// createPublicationSQL is the statement cdcrelay migrate (and the relay)
+// would run.
+func (t target) createPublicationSQL() string {
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert');", quoteIdent(t.publication), t.qualified())
+}
+
+// publishedAtColumn is the column the janitor sets once the broker acked a
+// row; its name is part of the schema, not configurable.
+const publishedAtColumn = "published_at"
+
+func classifyWALLevel(level string, pendingRestart bool) Finding {
+	f := Finding{Check: checkWALLevel}
+	if level == "logical" {
+		f.Message = "logical"
+		return f
+	}
+	f.Severity = Error
+	f.Message = fmt.Sprintf("wal_level is %s; logical decoding (the relay's slot) needs logical", level)
+	f.Remedy = "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (managed services: enable logical replication in the parameter group)"
+	if pendingRestart {
+		f.Message += " (a changed value is waiting for a restart)"
+		f.Remedy = "restart PostgreSQL: the new wal_level applies only after a restart"
+	}
+	return f
+}
+
+// classifyHeadroom checks a pool (replication slots, WAL senders) that the
+// relay needs `need` more of.
+func classifyHeadroom(check string, limit, used, need int, purpose string) Finding {
+	f := Finding{Check: check}
+	free := limit - used
+	switch {
+	case need == 0:
+		f.Message = fmt.Sprintf("%d of %d in use, the relay's among them", used, limit)
+	case free >= need:
+		f.Message = fmt.Sprintf("%d of %d in use; %d free for the relay's %s", used, limit, free, purpose)
+	default:
+		f.Severity = Error
+		f.Message = fmt.Sprintf("%d of %d in use: none free for the relay's %s", used, limit, purpose)
+		f.Remedy = fmt.Sprintf("raise %s (takes a restart), or free one (SELECT * FROM pg_replication_slots / pg_stat_replication shows who holds them)", check)
+	}
+	return f
+}
+
+// classifyKeepSize: keepMB is the setting in MB (-1: unlimited); supported
+// is false before PostgreSQL 13.
+func classifyKeepSize(keepMB int64, supported bool) Finding {
+	f := Finding{Check: checkKeepSize}
+	switch {
+	case !supported:
+		f.Severity = Warn
+		f.Message = "this server has no max_slot_wal_keep_size (PostgreSQL before 13): a stalled relay makes PostgreSQL retain WAL without bound"
+		f.Remedy = "alert on the slot's retained WAL (pg_replication_slots.restart_lsn), or upgrade to PostgreSQL 13 or later"
+	case keepMB < 0:
+		f.Severity = Warn
+		f.Message = "unset (-1): if the relay stops for long, its slot makes PostgreSQL retain WAL until the disk fills"
+		f.Remedy = "ALTER SYSTEM SET max_slot_wal_keep_size = '<WAL written in the longest relay outage you must ride out, e.g. 16GB>'; SELECT pg_reload_conf(); (a slot beyond it is lost: the relay then needs a new slot and backfills unpublished rows)"
+	default:
+		f.Message = fmt.Sprintf("%dMB: a slot further behind is invalidated instead of filling the disk", keepMB)
+	}
+	return f
+}
+
+func classifySyncStandby(setting string) Finding {
+	f := Finding{Check: checkSyncStandby}
+	if strings.TrimSpace(setting) == "" {
+		f.Message = "empty: commits do not wait for any standby"
+		return f
+	}
+	match, err := syncStandbyMatches(setting, ReplicationApplicationName)
+	switch {
+	case err != nil:
+		f.Severity = Warn
+		f.Message = fmt.Sprintf("cannot tell whether %q names the relay: %v", setting, err)
+		f.Remedy = fmt.Sprintf("make sure no entry is %s or *", ReplicationApplicationName)
+	case match != "":
+		f.Severity = Error
+		f.Message = fmt.Sprintf("%q matches the relay's application_name %s (by %s): commits would wait for the relay, whose confirmations follow broker acks, so a slow or blocked broker would stall every writing transaction",
+			setting, ReplicationApplicationName, match)
+		f.Remedy = "list the physical standbys by name in synchronous_standby_names, without * or " + ReplicationApplicationName + "; then SELECT pg_reload_conf();"
+	default:
+		f.Message = fmt.Sprintf("%q does not name the relay", setting)
+	}
+	return f
+}
+
+// roleFacts are the role's attributes and grants.
+type roleFacts struct {
+	super, replication, rdsReplication bool
+	schemaUsage                        bool
+	tableExists                        bool
+	selectPriv, deletePriv             bool
+	hasPublishedAt, updatePublishedAt  bool
+	// cannotPark lists the poison-bookkeeping columns (attempts,
+	// last_error) the table has but the role may not update.
+	cannotPark []string
+}
+
+func classifyPrivileges(t target, r roleFacts) []Finding {
+	role := quoteIdent(t.role)
+	if r.super {
+		return []Finding{{Check: checkPrivileges, Message: fmt.Sprintf("role %s is a superuser (it works; a least-privilege role is safer, see docs/least-privilege.md)", t.role)}}
+	}
+	var fs []Finding
+	var have []string
+	missing := func(priv, why, remedy string) {
+		fs = append(fs, Finding{Check: checkPrivileges, Severity: Error,
+			Message: fmt.Sprintf("role %s lacks %s: %s", t.role, priv, why), Remedy: remedy})
+	}
+	switch {
+	case r.replication:
+		have = append(have, "REPLICATION")
+	case r.rdsReplication:
+		have = append(have, "REPLICATION (rds_replication)")
+	default:
+		missing("REPLICATION", "it cannot create the slot or open the replication connection",
+			fmt.Sprintf("ALTER ROLE %s REPLICATION; (as a superuser; on RDS/Aurora: GRANT rds_replication TO %s;)", role, role))
+	}
+	if r.tableExists {
+		if !r.schemaUsage {
+			missing("USAGE on schema "+t.schema, "it cannot reach "+t.qualified(),
+				fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s;", t.schema, role))
+		}
+		on := " on " + t.qualified()
+		if r.selectPriv {
+			have = append(have, "SELECT")
+		} else {
+			missing("SELECT"+on, "it reads unpublished rows when it creates its slot",
+				fmt.Sprintf("GRANT SELECT ON %s TO %s;", t.qualified(), role))
+		}
+		switch {
+		case !r.hasPublishedAt: // reported by the mapping check
+		case r.updatePublishedAt:
+			have = append(have, "UPDATE (published_at)")
+		default:
+			missing("UPDATE (published_at)"+on, "it marks acknowledged rows published",
+				fmt.Sprintf("GRANT UPDATE (published_at) ON %s TO %s;", t.qualified(), role))
+		}
+		if r.deletePriv {
+			have = append(have, "DELETE")
+		} else {
+			missing("DELETE"+on, "it deletes old published rows",
+				fmt.Sprintf("GRANT DELETE ON %s TO %s;", t.qualified(), role))
+		}
+	}
+	if len(r.cannotPark) > 0 {
+		fs = append(fs, Finding{Check: checkPrivileges, Severity: Warn,
+			Message: fmt.Sprintf("role %s cannot UPDATE %s on %s: a parked poison row (CDCRELAY_POISON=park) is still skipped and logged, but its attempts and last_error are not recorded",
+				t.role, strings.Join(r.cannotPark, ", "), t.qualified()),
+			Remedy: fmt.Sprintf("GRANT UPDATE (published_at, %s) ON %s TO %s;", strings.Join(r.cannotPark, ", "), t.qualified(), role)})
+	}
+	if len(fs) == 0 || (len(fs) == 1 && fs[0].Severity == Warn) {
+		where := ""
+		if r.tableExists {
+			where = " on " + t.qualified()
+		}
+		fs = append(fs, Finding{Check: checkPrivileges, Message: fmt.Sprintf("role %s has %s%s", t.role, strings.Join(have, ", "), where)})
+	}
+	return fs
+}
+
+// column is one table column: its declared type and its base type's name
+// (domains resolved), e.g. "character varying(200)" and "varchar".
+type column struct {
+	name, typ, base string
+	notNull         bool
+}
+
+// tableFacts describe the outbox table; kind is pg_class.relkind, "" when
+// there is no such relation.
+type tableFacts struct {
+	kind    string
+	owner   string
+	columns []column
+}
+
+func (tf tableFacts) column(name string) (column, bool) {
+	for _, c := range tf.columns {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return column{}, false
+}
+
+func classifyTable(t target, tf tableFacts) Finding {
+	f := Finding{Check: checkTable}
+	switch tf.kind {
+	case "r":
+		f.Message = fmt.Sprintf("%s exists (owner %s)", t.qualified(), tf.owner)
+	case "p":
+		f.Message = fmt.Sprintf("%s exists, partitioned (owner %s)", t.qualified(), tf.owner)
+	case "":
+		f.Severity = Error
+		f.Message = fmt.Sprintf("%s does not exist", t.qualified())
+		f.Remedy = "run `cdcrelay migrate` as the schema owner, or set CDCRELAY_TABLE to the outbox table"
+	default:
+		f.Severity = Error
+		f.Message = fmt.Sprintf("%s is not a table (relkind %s): only a table's inserts are decoded", t.qualified(), tf.kind)
+		f.Remedy = "set CDCRELAY_TABLE to the outbox table itself"
+	}
+	return f
+}
+
+// A columnRule says which base types suit a mapped column.
+type columnRule struct {
+	role     string // what the relay does with it
+	variable string // the CDCRELAY_ variable naming it
+	good     []string
+	bad      map[string]string // base type -> why it is an error
+	required bool
+}
+
+var (
+	ruleID = columnRule{role: "message_id", variable: "CDCRELAY_ID_COLUMN", required: true,
+		good: []string{"uuid", "text", "varchar", "int8", "int4"}}
+	ruleKey = columnRule{role: "routing key", variable: "CDCRELAY_ROUTING_KEY_COLUMN", required: true,
+		good: []string{"text", "varchar"}}
+	rulePayload = columnRule{role: "message body", variable: "CDCRELAY_PAYLOAD_COLUMN", required: true,
+		good: []string{"jsonb", "json", "text", "varchar"},
+		bad:  map[string]string{"bytea": "the body would be PostgreSQL's hex text (\\x…), not the bytes"}}
+	ruleHeaders = columnRule{role: "AMQP headers", variable: "CDCRELAY_HEADERS_COLUMN", good: []string{"jsonb", "json"}}
+	ruleExch    = columnRule{role: "per-row exchange", variable: "CDCRELAY_EXCHANGE_COLUMN", good: []string{"text", "varchar"}}
+	ruleType    = columnRule{role: "AMQP type", variable: "CDCRELAY_TYPE_COLUMN", good: []string{"text", "varchar"}}
+)
+
+// classifyColumns checks the table against the column mapping. It is only
+// called for an existing table.
+func classifyColumns(t target, tf tableFacts) []Finding {
+	var fs []Finding
+	for _, m := range []struct {
+		name string
+		rule columnRule
+	}{{t.id, ruleID}, {t.key, ruleKey}, {t.payload, rulePayload}} {
+		fs = append(fs, classifyColumn(t, tf, m.name, m.rule))
+	}
+	var absent []string
+	for _, m := range []struct {
+		name string
+		rule columnRule
+	}{{t.headers, ruleHeaders}, {t.exch, ruleExch}, {t.msgType, ruleType}} {
+		if m.name == "" {
+			continue
+		}
+		if _, ok := tf.column(m.name); !ok {
+			absent = append(absent, m.name)
+			continue
+		}
+		fs = append(fs, classifyColumn(t, tf, m.name, m.rule))
+	}
+	switch c, ok := tf.column(publishedAtColumn); {
+	case !ok:
+		fs = append(fs, Finding{Check: checkMapping, Severity: Error,
+			Message: fmt.Sprintf("%s has no %s column: the relay marks acknowledged rows in it", t.qualified(), publishedAtColumn),
+			Remedy:  fmt.Sprintf("ALTER TABLE %s ADD COLUMN published_at timestamptz; (the schema in migrations/0001_event_outbox.sql has it)", t.qualified())})
+	case c.base != "timestamptz" && c.base != "timestamp":
+		fs = append(fs, Finding{Check: checkMapping, Severity: Warn,
+			Message: fmt.Sprintf("%s is %s; the relay sets it to now()", publishedAtColumn, c.typ),
+			Remedy:  fmt.Sprintf("ALTER TABLE %s ALTER COLUMN published_at TYPE timestamptz;", t.qualified())})
+	default:
+		fs = append(fs, Finding{Check: checkMapping, Message: fmt.Sprintf("%s: %s (set when the broker acked the row)", publishedAtColumn, c.typ)})
+	}
+	if len(absent) > 0 {
+		fs = append(fs, Finding{Check: checkMapping, Message: "optional columns not in the table (their features are off): " + strings.Join(absent, ", ")})
+	}
+	return fs
+}
+
+func classifyColumn(t target, tf tableFacts, name string, r columnRule) Finding {
+	f := Finding{Check: checkMapping}
+	c, ok := tf.column(name)
+	if !ok {
+		f.Severity = Error
+		f.Message = fmt.Sprintf("%s column %q (%s) is not in %s", r.role, name, r.variable, t.qualified())
+		f.Remedy = fmt.Sprintf("set %s to the column holding the %s, or add the column (see migrations/0001_event_outbox.sql)", r.variable, r.role)
+		return f
+	}
+	f.Message = fmt.Sprintf("%s: %s → %s", name, c.typ, r.role)
+	if why, bad := r.bad[c.base]; bad {
+		f.Severity = Error
+		f.Message = fmt.Sprintf("%s: %s: %s", name, c.typ, why)
+		f.Remedy = fmt.Sprintf("use a %s column (%s)", r.role, strings.Join(r.good, ", "))
+		return f
+	}
+	if !slices.Contains(r.good, c.base) {
+		f.Severity = Warn
+		f.Message = fmt.Sprintf("%s: %s is an unusual type for the %s; the relay sends its text form", name, c.typ, r.role)
+		f.Remedy = fmt.Sprintf("use one of %s, or point %s at another column", strings.Join(r.good, ", "), r.variable)
+		return f
+	}
+	if r.required && !c.notNull {
+		f.Severity = Warn
+		f.Message = fmt.Sprintf("%s: %s allows NULL: a row with a NULL %s stops the relay at that row", name, c.typ, r.role)
+		f.Remedy = fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s SET NOT NULL;", t.qualified(), quoteIdent(name))
+	}
+	return f
+}
+
+// pubFacts describe the publication and what it covers.
+type pubFacts struct {
+	exists                           bool
+	allTables, viaRoot               bool
+	insert, update, delete, truncate bool
+	covers                           bool
+	others                           []string // other tables published, schema.table
+	rowFilter                        string   // PostgreSQL 15+: the table's row filter
+	columns                          []string // PostgreSQL 15+: published columns; nil when unknown
+	canCreate                        bool     // the role owns the table and may CREATE in the database
+}
+
+func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
+	pub := quoteIdent(t.publication)
+	if !p.exists {
+		f := Finding{Check: checkPublication, Severity: Error,
+			Message: fmt.Sprintf("publication %s does not exist", t.publication),
+			Remedy:  fmt.Sprintf("run `cdcrelay migrate` as the owner of %s, or: %s", t.qualified(), t.createPublicationSQL())}
+		if p.canCreate {
+			f.Message += fmt.Sprintf(" (the relay would create it at start only because role %s owns the table; create it with the schema so the relay can run as a least-privilege role)", t.role)
+		} else {
+			f.Message += fmt.Sprintf("; role %s cannot create it (it needs to own %s and have CREATE on the database), so the relay cannot start", t.role, t.qualified())
+		}
+		return []Finding{f}
+	}
+	var fs []Finding
+	bad := func(sev Severity, msg, remedy string) {
+		fs = append(fs, Finding{Check: checkPublication, Severity: sev, Message: msg, Remedy: remedy})
+	}
+	setInsert := fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert');", pub)
+	if !p.insert {
+		bad(Error, fmt.Sprintf("publication %s does not publish inserts: the relay would receive no events", t.publication), setInsert)
+	}
+	var extra []string
+	for _, op := range []struct {
+		on   bool
+		name string
+	}{{p.update, "update"}, {p.delete, "delete"}, {p.truncate, "truncate"}} {
+		if op.on {
+			extra = append(extra, op.name)
+		}
+	}
+	if len(extra) > 0 {
+		bad(Error, fmt.Sprintf("publication %s also publishes %s: every such change (the relay's own published_at updates and retention deletes among them) is decoded and streamed to the relay only to be discarded: needless WAL decoding and network traffic, and row data leaving the insert-only scope the outbox is published for",
+			t.publication, strings.Join(extra, ", ")), setInsert)
+	}
+	switch {
+	case !p.covers && p.allTables:
+		bad(Error, fmt.Sprintf("publication %s is FOR ALL TABLES but does not list %s", t.publication, t.qualified()),
+			"check CDCRELAY_TABLE and that the table is an ordinary, non-temporary table")
+	case !p.covers:
+		bad(Error, fmt.Sprintf("publication %s does not cover %s: the relay would receive no events", t.publication, t.qualified()),
+			fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, t.qualified()))
+	}
+	if p.covers && tf.kind == "p" && !p.viaRoot {
+		bad(Error, fmt.Sprintf("%s is partitioned and publication %s publishes its rows under each partition's name, which the relay does not map", t.qualified(), t.publication),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub))
+	}
+	if p.covers && p.rowFilter != "" {
+		bad(Warn, fmt.Sprintf("publication %s publishes only the rows of %s matching WHERE %s: other rows are never relayed", t.publication, t.qualified(), p.rowFilter),
+			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (no row filter)", pub, t.qualified()))
+	}
+	if p.covers && p.columns != nil {
+		var dropped, droppedOptional []string
+		// Columns missing from the table are the mapping check's to report.
+		for _, c := range []string{t.id, t.key, t.payload} {
+			if _, inTable := tf.column(c); inTable && !slices.Contains(p.columns, c) {
+				dropped = append(dropped, c)
+			}
+		}
+		for _, c := range []string{t.headers, t.exch, t.msgType} {
+			if _, inTable := tf.column(c); c != "" && inTable && !slices.Contains(p.columns, c) {
+				droppedOptional = append(droppedOptional, c)
+			}
+		}
+		if len(dropped) > 0 {
+			bad(Error, fmt.Sprintf("publication %s's column list leaves out %s: the relay stops at the first row", t.publication, strings.Join(dropped, ", ")),
+				fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (all columns)", pub, t.qualified()))
+		}
+		if len(droppedOptional) > 0 {
+			bad(Warn, fmt.Sprintf("publication %s's column list leaves out %s: the relay cannot use them", t.publication, strings.Join(droppedOptional, ", ")),
+				fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (all columns)", pub, t.qualified()))
+		}
+	}
+	if len(p.others) > 0 {
+		what := listSome(p.others, 5)
+		if p.allTables {
+			what = "every table (FOR ALL TABLES): " + what
+		}
+		bad(Warn, fmt.Sprintf("publication %s also covers %s: their changes are decoded and streamed to the relay, which discards them", t.publication, what),
+			fmt.Sprintf("give the relay a publication of its own: %s (and set CDCRELAY_PUBLICATION)", t.createPublicationSQL()))
+	}
+	if len(fs) == 0 {
+		fs = append(fs, Finding{Check: checkPublication, Message: fmt.Sprintf("%s publishes inserts only, of %s", t.publication, t.qualified())})
+	}
+	return fs
+}
+
+func listSome(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
+}
+
+// slotFacts describe the replication slot.
+type slotFacts struct {
+	exists             bool
+	slotType, plugin   string
+	database           string // "" for a physical slot
+	temporary, active  bool
+	activePID          int
+	walStatus          string // "" before PostgreSQL 13
+	retained           string // WAL held back, e.g. "12 MB"; "" unknown
+	publicationMissing bool   // the slot cannot be created yet
+	noReplication      bool   // nor by this role
+}
+
+func classifySlot(t target, s slotFacts) Finding {
+	f := Finding{Check: checkSlot}
+	drop := fmt.Sprintf("SELECT pg_drop_replication_slot('%s'); (when no relay uses it)", t.slot)
+	switch {
+	case !s.exists:
+		f.Message = fmt.Sprintf("slot %s does not exist yet: the relay creates it (permanent, pgoutput) on its first start, after the publication, and publishes rows with published_at IS NULL from its snapshot", t.slot)
+	case s.slotType != "logical" || s.plugin != "pgoutput":
+		kind := s.slotType
+		if s.plugin != "" {
+			kind += " slot with plugin " + s.plugin
+		} else {
+			kind += " slot"
+		}
+		f.Severity = Error
+		f.Message = fmt.Sprintf("slot %s is a %s; the relay needs a logical pgoutput slot", t.slot, kind)
+		f.Remedy = fmt.Sprintf("set CDCRELAY_SLOT to an unused name, or drop the slot: %s", drop)
+	case s.database != t.database:
+		f.Severity = Error
+		f.Message = fmt.Sprintf("slot %s belongs to database %s, not %s", t.slot, s.database, t.database)
+		f.Remedy = "set CDCRELAY_SLOT to a name of its own for this database (slot names are cluster-wide)"
+	case s.walStatus == "lost":
+		f.Severity = Error
+		f.Message = fmt.Sprintf("slot %s is invalidated (wal_status lost): WAL it still needed was removed (max_slot_wal_keep_size)", t.slot)
+		f.Remedy = fmt.Sprintf("drop it and start the relay, which recreates it and publishes rows with published_at IS NULL from the new slot's snapshot: %s", drop)
+	case s.temporary:
+		f.Severity = Error
+		f.Message = fmt.Sprintf("slot %s is temporary: it disappears with its session and the relay's position with it", t.slot)
+		f.Remedy = "set CDCRELAY_SLOT to an unused name; the relay creates a permanent slot"
+	default:
+		f.Message = fmt.Sprintf("slot %s exists (pgoutput, database %s", t.slot, s.database)
+		if s.walStatus != "" {
+			f.Message += ", wal_status " + s.walStatus
+		}
+		if s.retained != "" {
+			f.Message += ", retaining " + s.retained + " of WAL"
+		}
+		f.Message += ")"
+		if s.walStatus == "unreserved" {
+			f.Severity = Warn
+			f.Message += ": it is about to pass max_slot_wal_keep_size and be invalidated"
+			f.Remedy = "get the relay streaming now (see its logs), or raise max_slot_wal_keep_size"
+		}
+		if s.active {
+			f.Message += fmt.Sprintf("; active (pid %d): another relay is streaming (hot standby will wait)", s.activePID)
+		}
+	}
+	if !s.exists && s.publicationMissing {
+		f.Message += "; it needs the publication first"
+	}
+	if !s.exists && s.noReplication {
+		f.Message += "; it needs a role with REPLICATION"
+	}
+	return f
+}
+
+var simpleIdent = regexp.MustCompile(`^[a-z_][a-z0-9_$]*$`)
+
+// reserved are keywords that must be quoted even when lower-case; a role
+// or column of such a name is rare but legal.
+var reserved = map[string]bool{
+	"all": true, "and": true, "any": true, "as": true, "check": true, "column": true, "create": true,
+	"current_user": true, "default": true, "from": true, "grant": true, "group": true, "order": true,
+	"select": true, "session_user": true, "table": true, "to": true, "user": true, "where": true,
+}
+
+// quoteIdent quotes an identifier for a remedy only when it needs it.
+func quoteIdent(s string) string {
+	if simpleIdent.MatchString(s) && !reserved[s] {
+		return s
+	}
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}

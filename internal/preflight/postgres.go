@@ -1,0 +1,415 @@
+package preflight
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
+)
+
+// failed is the finding for a check that could not run.
+func failed(check, what string, err error) Finding {
+	return Finding{Check: check, Severity: Error,
+		Message: fmt.Sprintf("could not %s: %v", what, err),
+		Remedy:  "make sure the role can read the system catalogs (pg_settings, pg_roles, pg_class, pg_publication, pg_replication_slots) and retry"}
+}
+
+// databaseChecks runs every database check over one read-only session.
+func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Finding {
+	if cfg.DatabaseURL == "" {
+		return []Finding{{Check: checkDatabase, Severity: Error, Message: "CDCRELAY_DATABASE_URL is not set",
+			Remedy: "set CDCRELAY_DATABASE_URL (or CDCRELAY_DATABASE_URL_FILE) to the service database"}}
+	}
+	t, err := newTarget(cfg)
+	if err != nil {
+		return []Finding{{Check: checkTable, Severity: Error, Message: fmt.Sprintf("CDCRELAY_TABLE: %v", err), Remedy: "set CDCRELAY_TABLE to schema.table"}}
+	}
+	pc, err := pgx.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return []Finding{{Check: checkDatabase, Severity: Error, Message: "CDCRELAY_DATABASE_URL is not a valid PostgreSQL connection string",
+			Remedy: "use postgres://user:password@host:5432/database or host=… dbname=… user=…"}}
+	}
+	pc.ConnectTimeout = opts.Timeout
+	pc.RuntimeParams["application_name"] = checkApplicationName
+	pc.RuntimeParams["default_transaction_read_only"] = "on" // the preflight never writes
+	pc.RuntimeParams["statement_timeout"] = strconv.FormatInt(opts.Timeout.Milliseconds(), 10)
+	where := config.Redact(cfg.DatabaseURL)
+	// Connect and statement timeouts bound the usual cases; this bounds a
+	// network that stalls mid-session. Checks cut short report the failure.
+	ctx, cancel := context.WithTimeout(ctx, 4*opts.Timeout)
+	defer cancel()
+	db, err := pgx.ConnectConfig(ctx, pc)
+	if err != nil {
+		return []Finding{connectFailed(checkDatabase, where, err)}
+	}
+	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
+
+	var version string
+	var inRecovery bool
+	err = db.QueryRow(ctx, `SELECT current_database(), current_user, current_setting('server_version'), pg_is_in_recovery()`).
+		Scan(&t.database, &t.role, &version, &inRecovery)
+	if err != nil {
+		return []Finding{failed(checkDatabase, "identify the server", err)}
+	}
+	fs := []Finding{{Check: checkDatabase, Message: fmt.Sprintf("connected to %s as %s (PostgreSQL %s, database %s)", where, t.role, version, t.database)}}
+	if inRecovery {
+		fs = append(fs, Finding{Check: checkDatabase, Severity: Error,
+			Message: "the server is a standby (in recovery): the relay creates its slot and marks rows on the primary",
+			Remedy:  "point CDCRELAY_DATABASE_URL at the primary"})
+	}
+
+	s := &session{db: db, t: t}
+	fs = append(fs, s.settings(ctx)...)
+	role, roleOK := s.role(ctx)
+	tf, tableOK := s.table(ctx, &role)
+	switch {
+	case !roleOK.ok():
+		fs = append(fs, roleOK)
+	case tableOK.ok(): // else the table finding below says why grants are unknown
+		fs = append(fs, classifyPrivileges(t, role)...)
+	}
+	if role.super || role.replication || role.rdsReplication {
+		if s.sendersFree > 0 {
+			fs = append(fs, replicationConnection(ctx, cfg, opts, t))
+		}
+	}
+	if tableOK.ok() {
+		fs = append(fs, classifyTable(t, tf))
+		if tf.kind == "r" || tf.kind == "p" {
+			fs = append(fs, classifyColumns(t, tf)...)
+		}
+	} else {
+		fs = append(fs, tableOK)
+	}
+	pub, err := s.publication(ctx)
+	if err != nil {
+		fs = append(fs, failed(checkPublication, "read publication "+t.publication, err))
+	} else {
+		fs = append(fs, classifyPublication(t, tf, pub)...)
+	}
+	sl, err := s.slot(ctx)
+	if err != nil {
+		fs = append(fs, failed(checkSlot, "read replication slot "+t.slot, err))
+	} else {
+		sl.publicationMissing = !pub.exists
+		sl.noReplication = roleOK.ok() && !role.super && !role.replication && !role.rdsReplication
+		fs = append(fs, classifySlot(t, sl))
+	}
+	return fs
+}
+
+// ok reports whether a Finding returned alongside facts means they are
+// usable (the zero Finding does).
+func (f Finding) ok() bool { return f.Severity != Error }
+
+func newTarget(cfg config.Config) (target, error) {
+	schema, table, err := config.SplitTable(cfg.Table)
+	if err != nil {
+		return target{}, err
+	}
+	return target{
+		schema: schema, table: table, publication: cfg.Publication, slot: cfg.Slot,
+		id: cfg.IDColumn, key: cfg.RoutingKeyColumn, payload: cfg.PayloadColumn,
+		headers: cfg.HeadersColumn, exch: cfg.ExchangeColumn, msgType: cfg.TypeColumn,
+	}, nil
+}
+
+// connectFailed turns a connection error into a finding whose remedy fits
+// the cause. where is the redacted URL.
+func connectFailed(check, where string, err error) Finding {
+	f := Finding{Check: check, Severity: Error, Message: fmt.Sprintf("cannot connect to %s: %v", where, err)}
+	var pgErr *pgconn.PgError
+	code := ""
+	if errors.As(err, &pgErr) {
+		code = pgErr.Code
+	}
+	switch code {
+	case "28P01":
+		f.Remedy = "check the user and password in CDCRELAY_DATABASE_URL"
+	case "28000":
+		f.Remedy = "allow this user, database and address in pg_hba.conf, then SELECT pg_reload_conf();"
+	case "3D000":
+		f.Remedy = "check the database name in CDCRELAY_DATABASE_URL"
+	case "42501":
+		f.Remedy = "grant the role LOGIN and CONNECT on the database"
+	case "53300":
+		f.Remedy = "the server is out of connection slots: raise max_connections or lower other clients' pools"
+	case "":
+		f.Remedy = "check that PostgreSQL runs and is reachable at the host and port in CDCRELAY_DATABASE_URL (firewall, DNS, sslmode)"
+	default:
+		f.Remedy = "see the server log for SQLSTATE " + code
+	}
+	return f
+}
+
+// session holds the check connection and what earlier checks learnt.
+type session struct {
+	db                   *pgx.Conn
+	t                    target
+	slotExists           bool
+	sendersFree          int
+	canCreatePublication bool // owns the table and may CREATE in the database
+}
+
+func (s *session) settings(ctx context.Context) []Finding {
+	rows, err := s.db.Query(ctx, `
+		SELECT name, setting, pending_restart FROM pg_settings
+		WHERE name IN ('wal_level', 'max_replication_slots', 'max_wal_senders', 'max_slot_wal_keep_size', 'synchronous_standby_names')`)
+	if err != nil {
+		return []Finding{failed(checkWALLevel, "read server settings", err)}
+	}
+	type setting struct {
+		value   string
+		pending bool
+	}
+	set := map[string]setting{}
+	for rows.Next() {
+		var name, value string
+		var pending bool
+		if err := rows.Scan(&name, &value, &pending); err != nil {
+			rows.Close()
+			return []Finding{failed(checkWALLevel, "read server settings", err)}
+		}
+		set[name] = setting{value, pending}
+	}
+	if err := rows.Err(); err != nil {
+		return []Finding{failed(checkWALLevel, "read server settings", err)}
+	}
+	fs := []Finding{classifyWALLevel(set["wal_level"].value, set["wal_level"].pending)}
+
+	var slotsUsed, sendersUsed int
+	err = s.db.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM pg_replication_slots), (SELECT count(*) FROM pg_stat_replication),
+		       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, s.t.slot).
+		Scan(&slotsUsed, &sendersUsed, &s.slotExists)
+	if err != nil {
+		fs = append(fs, failed(checkSlots, "count replication slots and WAL senders", err))
+	} else {
+		need := 1
+		if s.slotExists {
+			need = 0
+		}
+		maxSlots, _ := strconv.Atoi(set["max_replication_slots"].value)
+		maxSenders, _ := strconv.Atoi(set["max_wal_senders"].value)
+		s.sendersFree = maxSenders - sendersUsed
+		fs = append(fs,
+			classifyHeadroom(checkSlots, maxSlots, slotsUsed, need, "slot"),
+			classifyHeadroom(checkSenders, maxSenders, sendersUsed, 1, "replication connection"))
+	}
+
+	keep, supported := set["max_slot_wal_keep_size"]
+	keepMB, _ := strconv.ParseInt(keep.value, 10, 64)
+	fs = append(fs, classifyKeepSize(keepMB, supported), classifySyncStandby(set["synchronous_standby_names"].value))
+	return fs
+}
+
+// role reads the role's attributes. A non-OK Finding means it could not.
+func (s *session) role(ctx context.Context) (roleFacts, Finding) {
+	var r roleFacts
+	err := s.db.QueryRow(ctx, `
+		SELECT rolsuper, rolreplication,
+		       CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication')
+		            THEN pg_has_role(current_user, 'rds_replication', 'MEMBER') ELSE false END
+		FROM pg_roles WHERE rolname = current_user`).Scan(&r.super, &r.replication, &r.rdsReplication)
+	if err != nil {
+		return r, failed(checkPrivileges, "read the attributes of role "+s.t.role, err)
+	}
+	return r, Finding{}
+}
+
+// table reads the outbox table, its columns and the role's grants on it
+// (into r). A non-OK Finding means it could not.
+func (s *session) table(ctx context.Context, r *roleFacts) (tableFacts, Finding) {
+	var tf tableFacts
+	var oid uint32
+	var owns, createDB bool
+	err := s.db.QueryRow(ctx, `
+		SELECT c.oid, c.relkind::text, pg_get_userbyid(c.relowner),
+		       pg_has_role(c.relowner, 'USAGE'), has_database_privilege(current_database(), 'CREATE'),
+		       has_schema_privilege(n.oid, 'USAGE'),
+		       has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'DELETE')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2`, s.t.schema, s.t.table).
+		Scan(&oid, &tf.kind, &tf.owner, &owns, &createDB, &r.schemaUsage, &r.selectPriv, &r.deletePriv)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return tf, Finding{}
+	case err != nil:
+		return tf, failed(checkTable, "look up table "+s.t.qualified(), err)
+	}
+	r.tableExists = true
+	s.canCreatePublication = owns && createDB
+	rows, err := s.db.Query(ctx, `
+		SELECT a.attname, format_type(a.atttypid, a.atttypmod), coalesce(bt.typname, t.typname)::text, a.attnotnull,
+		       has_column_privilege(a.attrelid, a.attnum, 'UPDATE')
+		FROM pg_attribute a
+		JOIN pg_type t ON t.oid = a.atttypid
+		LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
+		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+		ORDER BY a.attnum`, oid)
+	if err != nil {
+		return tf, failed(checkTable, "read the columns of "+s.t.qualified(), err)
+	}
+	for rows.Next() {
+		var c column
+		var update bool
+		if err := rows.Scan(&c.name, &c.typ, &c.base, &c.notNull, &update); err != nil {
+			rows.Close()
+			return tf, failed(checkTable, "read the columns of "+s.t.qualified(), err)
+		}
+		switch c.name {
+		case publishedAtColumn:
+			r.hasPublishedAt, r.updatePublishedAt = true, update
+		case "attempts", "last_error":
+			if !update {
+				r.cannotPark = append(r.cannotPark, c.name)
+			}
+		}
+		tf.columns = append(tf.columns, c)
+	}
+	if err := rows.Err(); err != nil {
+		return tf, failed(checkTable, "read the columns of "+s.t.qualified(), err)
+	}
+	return tf, Finding{}
+}
+
+// publication reads the publication and the tables it covers. Columns that
+// newer servers add are read through to_jsonb, so one query fits all.
+func (s *session) publication(ctx context.Context) (pubFacts, error) {
+	p := pubFacts{canCreate: s.canCreatePublication}
+	var raw []byte
+	err := s.db.QueryRow(ctx, `SELECT to_jsonb(p) FROM pg_publication p WHERE pubname = $1`, s.t.publication).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, nil
+	}
+	if err != nil {
+		return p, err
+	}
+	var row struct {
+		AllTables bool  `json:"puballtables"`
+		Insert    bool  `json:"pubinsert"`
+		Update    bool  `json:"pubupdate"`
+		Delete    bool  `json:"pubdelete"`
+		Truncate  bool  `json:"pubtruncate"`
+		ViaRoot   *bool `json:"pubviaroot"`
+	}
+	if err := json.Unmarshal(raw, &row); err != nil {
+		return p, fmt.Errorf("decode pg_publication row: %w", err)
+	}
+	p.exists, p.allTables = true, row.AllTables
+	p.insert, p.update, p.delete, p.truncate = row.Insert, row.Update, row.Delete, row.Truncate
+	p.viaRoot = row.ViaRoot != nil && *row.ViaRoot
+
+	rows, err := s.db.Query(ctx, `SELECT to_jsonb(pt) FROM pg_publication_tables pt WHERE pubname = $1 ORDER BY schemaname, tablename`, s.t.publication)
+	if err != nil {
+		return p, fmt.Errorf("read pg_publication_tables: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := rows.Scan(&raw); err != nil {
+			return p, fmt.Errorf("read pg_publication_tables: %w", err)
+		}
+		var pt struct {
+			Schema    string   `json:"schemaname"`
+			Table     string   `json:"tablename"`
+			Columns   []string `json:"attnames"`  // PostgreSQL 15+
+			RowFilter *string  `json:"rowfilter"` // PostgreSQL 15+
+		}
+		if err := json.Unmarshal(raw, &pt); err != nil {
+			return p, fmt.Errorf("decode pg_publication_tables row: %w", err)
+		}
+		if pt.Schema != s.t.schema || pt.Table != s.t.table {
+			p.others = append(p.others, pt.Schema+"."+pt.Table)
+			continue
+		}
+		p.covers, p.columns = true, pt.Columns
+		if pt.RowFilter != nil {
+			p.rowFilter = *pt.RowFilter
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return p, fmt.Errorf("read pg_publication_tables: %w", err)
+	}
+	return p, nil
+}
+
+func (s *session) slot(ctx context.Context) (slotFacts, error) {
+	var sf slotFacts
+	var raw []byte
+	var retained *string
+	err := s.db.QueryRow(ctx, `
+		SELECT to_jsonb(s),
+		       CASE WHEN pg_is_in_recovery() OR s.restart_lsn IS NULL THEN NULL
+		            ELSE pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)) END
+		FROM pg_replication_slots s WHERE slot_name = $1`, s.t.slot).Scan(&raw, &retained)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return sf, nil
+	}
+	if err != nil {
+		return sf, err
+	}
+	var row struct {
+		Type      string  `json:"slot_type"`
+		Plugin    *string `json:"plugin"`
+		Database  *string `json:"database"`
+		Temporary bool    `json:"temporary"`
+		Active    bool    `json:"active"`
+		ActivePID *int    `json:"active_pid"`
+		WALStatus *string `json:"wal_status"` // PostgreSQL 13+
+	}
+	if err := json.Unmarshal(raw, &row); err != nil {
+		return sf, fmt.Errorf("decode pg_replication_slots row: %w", err)
+	}
+	sf.exists, sf.slotType, sf.temporary, sf.active = true, row.Type, row.Temporary, row.Active
+	sf.plugin, sf.database, sf.walStatus = deref(row.Plugin), deref(row.Database), deref(row.WALStatus)
+	if row.ActivePID != nil {
+		sf.activePID = *row.ActivePID
+	}
+	sf.retained = deref(retained)
+	return sf, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// replicationConnection opens a connection the way the relay's replication
+// connection is opened (replication=database) and identifies the system:
+// it proves the role, pg_hba.conf and max_wal_senders admit the relay.
+func replicationConnection(ctx context.Context, cfg config.Config, opts Options, t target) Finding {
+	f := Finding{Check: checkReplConn}
+	rc, err := pgconn.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		f.Severity, f.Message = Error, "CDCRELAY_DATABASE_URL is not a valid PostgreSQL connection string"
+		return f
+	}
+	rc.ConnectTimeout = opts.Timeout
+	rc.RuntimeParams["replication"] = "database"
+	rc.RuntimeParams["application_name"] = checkApplicationName
+	conn, err := pgconn.ConnectConfig(ctx, rc)
+	if err != nil {
+		f = connectFailed(checkReplConn, "the database in replication mode", err)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			f.Remedy = fmt.Sprintf("ALTER ROLE %s REPLICATION;", quoteIdent(t.role))
+		}
+		return f
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return failed(checkReplConn, "run IDENTIFY_SYSTEM on a replication connection", err)
+	}
+	f.Message = fmt.Sprintf("replication connection as %s works (system %s, timeline %d, WAL at %s)", t.role, sys.SystemID, sys.Timeline, sys.XLogPos)
+	return f
+}
