@@ -4,6 +4,8 @@ package config
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +30,9 @@ type Config struct {
 	DatabaseURLFile string `env:"DATABASE_URL_FILE"`
 	AMQPURL         string `env:"AMQP_URL"`
 	AMQPURLFile     string `env:"AMQP_URL_FILE"`
+	AMQPTLSCA       string `env:"AMQP_TLS_CA"`   // PEM file with the CA(s) that sign the broker's certificate
+	AMQPTLSCert     string `env:"AMQP_TLS_CERT"` // PEM client certificate, for brokers that require one
+	AMQPTLSKey      string `env:"AMQP_TLS_KEY"`  // PEM key of the client certificate
 
 	Exchange    string `env:"EXCHANGE, default=events"`
 	Table       string `env:"TABLE, default=public.event_outbox"`
@@ -175,6 +180,17 @@ func (c *Config) Validate() error {
 	case err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "":
 		bad("AMQP_URL", "want amqp://user:password@host:port/vhost or amqps://…")
 	}
+	if (c.AMQPTLSCert == "") != (c.AMQPTLSKey == "") {
+		bad("AMQP_TLS_CERT", "set together with %sAMQP_TLS_KEY", Prefix)
+	}
+	if c.AMQPTLSCA != "" || c.AMQPTLSCert != "" {
+		if _, err := c.AMQPTLS(); err != nil {
+			bad("AMQP_TLS_CA", "%v", err)
+		}
+		if u, err := url.Parse(c.AMQPURL); err == nil && c.AMQPURL != "" && u.Scheme != "amqps" {
+			bad("AMQP_URL", "TLS files are set but the URL is not amqps://")
+		}
+	}
 	if _, _, err := SplitTable(c.Table); err != nil {
 		bad("TABLE", "%v", err)
 	}
@@ -241,6 +257,33 @@ func (c *Config) Validate() error {
 		return &Error{Problems: p}
 	}
 	return nil
+}
+
+// AMQPTLS builds the TLS configuration for amqps:// from the CA and client
+// certificate files; nil when none is set (the system roots are used).
+func (c *Config) AMQPTLS() (*tls.Config, error) {
+	if c.AMQPTLSCA == "" && c.AMQPTLSCert == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.AMQPTLSCA != "" {
+		pem, err := os.ReadFile(c.AMQPTLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("read CA file: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s holds no PEM certificate", c.AMQPTLSCA)
+		}
+	}
+	if c.AMQPTLSCert != "" {
+		pair, err := tls.LoadX509KeyPair(c.AMQPTLSCert, c.AMQPTLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("load client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
 
 // RequireBroker reports a missing broker URL; migrate works without one.

@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -31,9 +32,10 @@ type Link struct {
 type DialOptions struct {
 	URL       string
 	Heartbeat time.Duration
-	Exchanges []string // checked passively; empty names (the default exchange) are skipped
-	Name      string   // connection name shown in the management UI
-	Window    int      // in-flight window; sizes the returns buffer
+	Exchanges []string    // checked passively; empty names (the default exchange) are skipped
+	Name      string      // connection name shown in the management UI
+	Window    int         // in-flight window; sizes the returns buffer
+	TLS       *tls.Config // for amqps://; nil uses the system roots
 }
 
 // Dial connects, opens a confirm-mode channel and checks the exchange.
@@ -44,8 +46,9 @@ func Dial(ctx context.Context, o DialOptions) (*Link, error) {
 	props.SetClientConnectionName(o.Name)
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	conn, err := amqp.DialConfig(o.URL, amqp.Config{
-		Heartbeat:  o.Heartbeat,
-		Properties: props,
+		Heartbeat:       o.Heartbeat,
+		Properties:      props,
+		TLSClientConfig: o.TLS,
 		Dial: func(network, addr string) (net.Conn, error) {
 			return dialer.DialContext(ctx, network, addr)
 		},

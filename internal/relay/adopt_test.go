@@ -239,8 +239,12 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func readyz(addr string) (int, string) {
-	resp, err := http.Get("http://" + addr + "/readyz")
+func readyz(addr string) (int, string) { return readyzLike(addr, "/readyz") }
+
+// readyzLike GETs path, returning the status and trimmed body (0 and the
+// error text when the request fails).
+func readyzLike(addr, path string) (int, string) {
+	resp, err := http.Get("http://" + addr + path)
 	if err != nil {
 		return 0, err.Error()
 	}

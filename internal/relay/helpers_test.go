@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,7 +34,8 @@ import (
 type env struct {
 	t        *testing.T
 	pg       *testenv.Postgres
-	dbURL    string
+	dbURL    string // superuser, for the test's own statements
+	relayURL string // the least-privilege role the relay runs as
 	amqpURL  string
 	exchange string
 	consumer *testenv.Consumer
@@ -53,6 +55,7 @@ func newEnv(t *testing.T, pgOpts testenv.PostgresOptions, binding string) *env {
 	if err := migrations.Apply(ctx, e.db); err != nil {
 		t.Fatal(err)
 	}
+	e.relayURL = leastPrivilegeRole(t, e.db, e.dbURL)
 	e.consumer = testenv.MustConsumer(t, amqpURL, e.exchange, testenv.UniqueName("cdcrelay.q"), binding)
 	t.Cleanup(func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -60,6 +63,30 @@ func newEnv(t *testing.T, pgOpts testenv.PostgresOptions, binding string) *env {
 		_ = testenv.DeleteExchange(cctx, amqpURL, e.exchange)
 	})
 	return e
+}
+
+// relayRolePassword is the least-privilege role's password; the secret
+// tests look for it in everything the relay prints.
+const relayRolePassword = "Rel4y-pw-never-logged"
+
+// leastPrivilegeRole creates the role docs/least-privilege.md documents
+// and returns the URL to connect as it: every integration test runs the
+// relay as this role, never as a superuser.
+func leastPrivilegeRole(t *testing.T, db *pgx.Conn, superURL string) string {
+	t.Helper()
+	_, err := db.Exec(context.Background(), `
+		CREATE ROLE cdcrelay_app LOGIN REPLICATION PASSWORD '`+relayRolePassword+`';
+		GRANT SELECT, DELETE ON event_outbox TO cdcrelay_app;
+		GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO cdcrelay_app;`)
+	if err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(superURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("cdcrelay_app", relayRolePassword)
+	return u.String()
 }
 
 func (e *env) connect() *pgx.Conn {
@@ -75,7 +102,7 @@ func (e *env) connect() *pgx.Conn {
 // vars is the relay's environment for this test.
 func (e *env) vars(extra map[string]string) map[string]string {
 	v := map[string]string{
-		"DATABASE_URL": e.dbURL, "AMQP_URL": e.amqpURL, "EXCHANGE": e.exchange,
+		"DATABASE_URL": e.relayURL, "AMQP_URL": e.amqpURL, "EXCHANGE": e.exchange,
 		"HTTP_ADDR": "127.0.0.1:0", "BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s", "LOG_LEVEL": "debug",
 	}
 	for k, val := range extra {
@@ -103,19 +130,21 @@ type running struct {
 	done   chan error
 	relay  *relay.Relay
 	reg    *prometheus.Registry
+	logs   *lockedBuffer // everything the relay logged
 }
 
 // startRelay runs the service in this process until the test ends or stop.
 func (e *env) startRelay(extra map[string]string) *running {
 	e.t.Helper()
-	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	logs := &lockedBuffer{}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{e.t}, logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	reg := prometheus.NewRegistry()
 	svc, err := relay.NewService(e.config(extra), log, reg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	run := &running{cancel: cancel, done: make(chan error, 1), relay: svc.Relay, reg: reg}
+	run := &running{cancel: cancel, done: make(chan error, 1), relay: svc.Relay, reg: reg, logs: logs}
 	go func() { run.done <- svc.Run(ctx) }()
 	e.t.Cleanup(func() { _ = run.stop(e.t) })
 	return run

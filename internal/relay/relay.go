@@ -373,8 +373,12 @@ func (a acks) Parked(seq uint64, id, reason string) {
 }
 
 func (r *Relay) dial(ctx context.Context) (*publish.Link, error) {
+	tlsConfig, err := r.cfg.AMQPTLS()
+	if err != nil {
+		return nil, fmt.Errorf("broker TLS: %w", err)
+	}
 	link, err := publish.Dial(ctx, publish.DialOptions{
-		URL: r.cfg.AMQPURL, Heartbeat: r.cfg.AMQPHeartbeat,
+		URL: r.cfg.AMQPURL, Heartbeat: r.cfg.AMQPHeartbeat, TLS: tlsConfig,
 		Exchanges: []string{r.cfg.Exchange, r.cfg.DeadLetterExchange},
 		Name:      "cdcrelay " + r.cfg.Slot, Window: r.cfg.MaxInFlight,
 	})
