@@ -53,6 +53,12 @@ type Reader struct {
 	sent     pglogrepl.LSN // last position reported to the server
 	lastSent time.Time
 	closed   bool // Out has been closed
+
+	// recv bounds each receive so the loop turns at least every
+	// progressDelay; one context serves every receive until its deadline,
+	// which keeps a timer and an allocation off the per-message path.
+	recv       context.Context //nolint:containedctx // reused across receives on purpose, see above
+	recvCancel context.CancelFunc
 }
 
 // progressDelay is how soon an advanced position is reported, so the slot
@@ -62,6 +68,11 @@ const progressDelay = 200 * time.Millisecond
 // Run streams until ctx ends, Stop is closed or an error occurs.
 func (r *Reader) Run(ctx context.Context) error {
 	defer r.closeOut()
+	defer func() {
+		if r.recvCancel != nil {
+			r.recvCancel()
+		}
+	}()
 	// stopping ends with Stop, so a receive in progress returns at once.
 	stopping, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -103,6 +114,11 @@ func (r *Reader) Run(ctx context.Context) error {
 
 // offer waits for room in Out while keeping status updates flowing.
 func (r *Reader) offer(ctx context.Context, ev *Event) error {
+	select { // the common case: room at once, no timer needed
+	case r.Out <- *ev:
+		return nil
+	default:
+	}
 	tick := time.NewTicker(progressDelay)
 	defer tick.Stop()
 	for {
@@ -140,9 +156,13 @@ func (r *Reader) closeOut() {
 // receive reads one message and returns the event it carries, if any.
 // stopping is ctx, also ended by Stop.
 func (r *Reader) receive(ctx, stopping context.Context) (*Event, error) {
-	rctx, cancel := context.WithTimeout(stopping, progressDelay)
-	msg, err := r.Conn.ReceiveMessage(rctx)
-	cancel()
+	if r.recv == nil || r.recv.Err() != nil {
+		if r.recvCancel != nil {
+			r.recvCancel()
+		}
+		r.recv, r.recvCancel = context.WithTimeout(stopping, progressDelay)
+	}
+	msg, err := r.Conn.ReceiveMessage(r.recv)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
