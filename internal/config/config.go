@@ -48,6 +48,7 @@ type Config struct {
 	TypeColumn       string `env:"TYPE_COLUMN, default=event_type"`
 
 	MaxInFlight      int           `env:"MAX_IN_FLIGHT, default=1000"`
+	PublishChannels  int           `env:"PUBLISH_CHANNELS, default=1"`
 	MaxInFlightBytes ByteSize      `env:"MAX_IN_FLIGHT_BYTES, default=16MiB"`
 	ConfirmTimeout   time.Duration `env:"CONFIRM_TIMEOUT, default=30s"`
 	StatusInterval   time.Duration `env:"STATUS_INTERVAL, default=10s"`
@@ -207,6 +208,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > 65535 {
 		bad("MAX_IN_FLIGHT", "%d is outside 1..65535", c.MaxInFlight)
+	}
+	if c.PublishChannels < 1 || c.PublishChannels > 64 {
+		bad("PUBLISH_CHANNELS", "%d is outside 1..64", c.PublishChannels)
 	}
 	if c.MaxInFlightBytes < 1024 {
 		bad("MAX_IN_FLIGHT_BYTES", "%d bytes is below 1KiB", c.MaxInFlightBytes)

@@ -19,13 +19,19 @@ var ErrNoExchange = errors.New("exchange does not exist")
 // is buffered: amqp091-go drops a notification a listener does not take
 // within 5 s, and a dropped return would be a silent loss.
 type Link struct {
-	Conn *amqp.Connection
-	Ch   *amqp.Channel
+	Conn  *amqp.Connection
+	lanes []*lane
 
-	returns    chan amqp.Return
 	connClosed chan *amqp.Error
-	chClosed   chan *amqp.Error
 	blocked    chan amqp.Blocking
+}
+
+// lane is one confirm-mode channel with its own notifications. Messages on
+// one lane keep their order; lanes are independent of each other.
+type lane struct {
+	ch      *amqp.Channel
+	returns chan amqp.Return
+	closed  chan *amqp.Error
 }
 
 // DialOptions configure Dial.
@@ -36,6 +42,7 @@ type DialOptions struct {
 	Name      string      // connection name shown in the management UI
 	Window    int         // in-flight window; sizes the returns buffer
 	TLS       *tls.Config // for amqps://; nil uses the system roots
+	Channels  int         // confirm channels to open (at least 1)
 }
 
 // Dial connects, opens a confirm-mode channel and checks the exchange.
@@ -70,16 +77,20 @@ func (l *Link) setup(o DialOptions) error {
 			return err
 		}
 	}
-	ch, err := l.Conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
+	for range max(o.Channels, 1) {
+		ch, err := l.Conn.Channel()
+		if err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			return fmt.Errorf("enable publisher confirms: %w", err)
+		}
+		l.lanes = append(l.lanes, &lane{
+			ch:      ch,
+			returns: ch.NotifyReturn(make(chan amqp.Return, max(o.Window, 1))),
+			closed:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+		})
 	}
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("enable publisher confirms: %w", err)
-	}
-	l.Ch = ch
-	l.returns = ch.NotifyReturn(make(chan amqp.Return, max(o.Window, 1)))
-	l.chClosed = ch.NotifyClose(make(chan *amqp.Error, 1))
 	l.connClosed = l.Conn.NotifyClose(make(chan *amqp.Error, 1))
 	l.blocked = l.Conn.NotifyBlocked(make(chan amqp.Blocking, 8))
 	return nil

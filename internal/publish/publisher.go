@@ -30,11 +30,14 @@ type Acker interface {
 	Parked(seq uint64, id, reason string)
 }
 
-// Publisher publishes events from In in order on the Link's confirm-mode
-// channel, keeps at most MaxInFlight messages and MaxInFlightBytes bytes
-// unconfirmed, and reports each confirm to Acks. A nack, a return, a
-// confirm timeout or a closed connection ends Run with an error; nothing
-// after the failure is acked, so the slot cannot move past it.
+// Publisher publishes events from In on the Link's confirm-mode channels,
+// keeps at most MaxInFlight messages and MaxInFlightBytes bytes
+// unconfirmed, and reports each confirm to Acks. With one channel (the
+// default) every event goes out in commit order; with several, an event's
+// channel is chosen by a hash of its routing key, so events with the same
+// routing key keep their commit order and others may interleave. A nack, a
+// return, a confirm timeout or a closed connection ends Run with an error;
+// nothing after the failure is acked, so the slot cannot move past it.
 type Publisher struct {
 	Link             *Link
 	In               <-chan wal.Event
@@ -70,32 +73,99 @@ type inflight struct {
 
 // Run publishes until In is closed and drained, ctx ends or a failure.
 func (p *Publisher) Run(ctx context.Context) error {
-	// The FIFO holds published, unconfirmed messages in publish order; its
-	// capacity bounds the count in flight and the semaphore bounds the bytes.
-	fifo := make(chan inflight, max(p.MaxInFlight-1, 1))
+	lanes := p.Link.lanes
+	// Each lane's FIFO holds its published, unconfirmed messages in publish
+	// order; the capacities bound the count in flight and the semaphore
+	// bounds the bytes across all lanes.
+	window := max(p.MaxInFlight/len(lanes)-1, 1)
 	bytes := semaphore.NewWeighted(p.MaxInFlightBytes)
-	done := make(chan struct{})
 	// A failed session leaves its messages unconfirmed; they are not in
 	// flight any more once it is gone.
 	p.Metrics.inFlight.Set(0)
 	defer p.Metrics.inFlight.Set(0)
+
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return p.publishLoop(gctx, fifo, bytes) })
+	inputs := p.spread(gctx, g, len(lanes))
+	// Each confirm loop that ends cleanly (its input closed and every
+	// message confirmed) reports here; a failing one cancels gctx instead.
+	drainedLanes := make(chan struct{}, len(lanes))
+	for i, l := range lanes {
+		fifo := make(chan inflight, window)
+		g.Go(func() error { return p.publishLoop(gctx, l, inputs[i], fifo, bytes) })
+		g.Go(func() error {
+			if err := p.confirmLoop(gctx, l, fifo, bytes); err != nil {
+				return err
+			}
+			drainedLanes <- struct{}{}
+			return nil
+		})
+	}
+	done := make(chan struct{})
 	g.Go(func() error {
 		defer close(done)
-		return p.confirmLoop(gctx, fifo, bytes)
+		for range lanes {
+			select {
+			case <-drainedLanes:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		close(p.Drained)
+		return nil
 	})
 	g.Go(func() error { return p.watch(gctx, done) })
 	return g.Wait()
 }
 
-func (p *Publisher) publishLoop(ctx context.Context, fifo chan<- inflight, bytes *semaphore.Weighted) error {
+// spread returns one input per lane. With one lane it is In itself; with
+// more, a goroutine deals events out by a hash of the routing key, so one
+// key always takes the same lane and keeps its order.
+func (p *Publisher) spread(ctx context.Context, g *errgroup.Group, n int) []<-chan wal.Event {
+	if n == 1 {
+		return []<-chan wal.Event{p.In}
+	}
+	outs := make([]chan wal.Event, n)
+	ins := make([]<-chan wal.Event, n)
+	for i := range outs {
+		outs[i] = make(chan wal.Event, 64)
+		ins[i] = outs[i]
+	}
+	g.Go(func() error {
+		defer func() {
+			for _, o := range outs {
+				close(o)
+			}
+		}()
+		for ev := range p.In {
+			select {
+			case outs[LaneOf(ev.RoutingKey, n)] <- ev:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	return ins
+}
+
+// LaneOf is the channel that carries events with this routing key when
+// there are n channels (FNV-1a of the key).
+func LaneOf(routingKey string, n int) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(routingKey); i++ {
+		h ^= uint32(routingKey[i])
+		h *= 16777619
+	}
+	return int(h % uint32(n))
+}
+
+func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Event, fifo chan<- inflight, bytes *semaphore.Weighted) error {
 	defer close(fifo)
 	for {
 		var ev wal.Event
 		var ok bool
 		select {
-		case ev, ok = <-p.In:
+		case ev, ok = <-in:
 			if !ok {
 				return nil
 			}
@@ -107,7 +177,7 @@ func (p *Publisher) publishLoop(ctx context.Context, fifo chan<- inflight, bytes
 		if err := bytes.Acquire(ctx, weight); err != nil {
 			return err
 		}
-		f, err := p.publish(ctx, &ev)
+		f, err := p.publish(ctx, l, &ev)
 		if err != nil {
 			return err
 		}
@@ -122,7 +192,7 @@ func (p *Publisher) publishLoop(ctx context.Context, fifo chan<- inflight, bytes
 
 // publish sends one event, or handles it by the poison policy when it can
 // never become a valid message.
-func (p *Publisher) publish(ctx context.Context, ev *wal.Event) (inflight, error) {
+func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event) (inflight, error) {
 	f := inflight{seq: ev.Seq, id: ev.ID, sent: time.Now(), commit: ev.CommitTime}
 	reason := Check(ev, p.MaxMessageBytes)
 	var msg amqp.Publishing
@@ -133,7 +203,7 @@ func (p *Publisher) publish(ctx context.Context, ev *wal.Event) (inflight, error
 		}
 	}
 	if reason != "" {
-		return p.poison(ctx, ev, f, reason)
+		return p.poison(ctx, l, ev, f, reason)
 	}
 	exchange := p.Exchange
 	if ev.Exchange != "" {
@@ -141,7 +211,7 @@ func (p *Publisher) publish(ctx context.Context, ev *wal.Event) (inflight, error
 	}
 	// mandatory: an unroutable message comes back as basic.return, which is
 	// a failure, never a silent drop.
-	dc, err := p.Link.Ch.PublishWithDeferredConfirmWithContext(ctx, exchange, ev.RoutingKey, true, false, msg)
+	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, ev.RoutingKey, true, false, msg)
 	if err != nil {
 		return f, fmt.Errorf("publish event %s: %w", ev.ID, err)
 	}
@@ -155,7 +225,7 @@ func (p *Publisher) publish(ctx context.Context, ev *wal.Event) (inflight, error
 // poison applies the policy to an event that can never be published. Only
 // the event's own content leads here: transport failures never do, so they
 // never count as attempts.
-func (p *Publisher) poison(ctx context.Context, ev *wal.Event, f inflight, reason string) (inflight, error) {
+func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (inflight, error) {
 	p.Metrics.poison.Inc()
 	if p.Poison == Stop {
 		return f, fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, ev.ID, reason)
@@ -170,7 +240,7 @@ func (p *Publisher) poison(ctx context.Context, ev *wal.Event, f inflight, reaso
 	if len(key) > maxShortString {
 		key = ""
 	}
-	dc, err := p.Link.Ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, deadLetter(ev, reason, p.MaxMessageBytes))
+	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, deadLetter(ev, reason, p.MaxMessageBytes))
 	if err != nil {
 		return f, fmt.Errorf("dead-letter event %s: %w", ev.ID, err)
 	}
@@ -179,22 +249,21 @@ func (p *Publisher) poison(ctx context.Context, ev *wal.Event, f inflight, reaso
 	return f, nil
 }
 
-// confirmLoop takes confirms in publish order. Acks arrive in any order;
-// walking the FIFO in order and acking each one hands the watermark every
-// ack, and its contiguous-prefix rule does the rest.
-func (p *Publisher) confirmLoop(ctx context.Context, fifo <-chan inflight, bytes *semaphore.Weighted) error {
+// confirmLoop takes a lane's confirms in publish order. Acks arrive in any
+// order, within a lane and across lanes; walking each FIFO in order hands
+// the watermark every ack, and its contiguous-prefix rule does the rest.
+func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflight, bytes *semaphore.Weighted) error {
 	for {
 		select {
 		case f, ok := <-fifo:
 			if !ok {
-				close(p.Drained)
 				return nil
 			}
-			if err := p.await(ctx, f); err != nil {
+			if err := p.await(ctx, l, f); err != nil {
 				return err
 			}
 			bytes.Release(f.weight)
-		case r := <-p.Link.returns:
+		case r := <-l.returns:
 			return p.returned(r)
 		case <-ctx.Done():
 			return ctx.Err()
@@ -202,7 +271,7 @@ func (p *Publisher) confirmLoop(ctx context.Context, fifo <-chan inflight, bytes
 	}
 }
 
-func (p *Publisher) await(ctx context.Context, f inflight) error {
+func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 	if f.dc == nil { // parked without a dead-letter exchange: nothing to confirm
 		p.Acks.Parked(f.seq, f.id, f.parked)
 		return nil
@@ -217,13 +286,13 @@ func (p *Publisher) await(ctx context.Context, f inflight) error {
 			// channel before it resolves the confirmation: so a return for
 			// this message, if any, is already waiting here.
 			select {
-			case r := <-p.Link.returns:
+			case r := <-l.returns:
 				return p.returned(r)
 			default:
 			}
 			p.Metrics.inFlight.Dec()
 			if !f.dc.Acked() {
-				if p.Link.Ch.IsClosed() {
+				if l.ch.IsClosed() {
 					return fmt.Errorf("%w while event %s was in flight", ErrClosed, f.id)
 				}
 				p.Metrics.nacks.Inc()
@@ -240,7 +309,7 @@ func (p *Publisher) await(ctx context.Context, f inflight) error {
 				p.Metrics.commitToAck.Observe(now.Sub(f.commit).Seconds())
 			}
 			return nil
-		case r := <-p.Link.returns:
+		case r := <-l.returns:
 			return p.returned(r)
 		case <-timer.C:
 			// A blocked broker holds confirms back; that is flow control,
@@ -263,14 +332,25 @@ func (p *Publisher) returned(r amqp.Return) error {
 }
 
 // watch turns connection and channel closure into errors and tracks flow
-// control, until the confirm loop is done.
+// control, until the confirm loops are done.
 func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
+	closed := make(chan error, len(p.Link.lanes))
+	for _, l := range p.Link.lanes {
+		go func() {
+			select {
+			case e, ok := <-l.closed:
+				closed <- closedError("channel", e, ok)
+			case <-done:
+			case <-ctx.Done():
+			}
+		}()
+	}
 	for {
 		select {
 		case e, ok := <-p.Link.connClosed:
 			return closedError("connection", e, ok)
-		case e, ok := <-p.Link.chClosed:
-			return closedError("channel", e, ok)
+		case err := <-closed:
+			return err
 		case b := <-p.Link.blocked:
 			p.blocked.Store(b.Active)
 			if b.Active {

@@ -281,6 +281,14 @@ func waitCount(t *testing.T, c *testenv.Consumer, n int, within time.Duration) {
 // and index headers). It returns the number of duplicates.
 func report(t *testing.T, rows []row, got []testenv.Delivery) (duplicates int) {
 	t.Helper()
+	return reportOrder(t, rows, got, func(testenv.Delivery) string { return "" })
+}
+
+// reportOrder is report with commit order checked within each group that
+// orderKey names (report: one group; partitioned publishing: one per
+// routing key).
+func reportOrder(t *testing.T, rows []row, got []testenv.Delivery, orderKey func(testenv.Delivery) string) (duplicates int) {
+	t.Helper()
 	want := make(map[string]row, len(rows))
 	for _, r := range rows {
 		want[r.id] = r
@@ -290,8 +298,7 @@ func report(t *testing.T, rows []row, got []testenv.Delivery) (duplicates int) {
 		lsn   pglogrepl.LSN
 		index int64
 	}
-	var prev pos
-	first := true
+	prevs := map[string]pos{}
 	for i, d := range got {
 		r, ok := want[d.MessageID]
 		if !ok {
@@ -318,10 +325,11 @@ func report(t *testing.T, rows []row, got []testenv.Delivery) (duplicates int) {
 			t.Fatalf("delivery %d: index header %#v", i, d.Headers[publish.HeaderTxIndex])
 		}
 		p := pos{lsn, index}
-		if !first && (p.lsn < prev.lsn || (p.lsn == prev.lsn && p.index <= prev.index)) {
+		group := orderKey(d)
+		if prev, ok := prevs[group]; ok && (p.lsn < prev.lsn || (p.lsn == prev.lsn && p.index <= prev.index)) {
 			t.Fatalf("delivery %d out of commit order: %s/%d after %s/%d", i, p.lsn, p.index, prev.lsn, prev.index)
 		}
-		prev, first = p, false
+		prevs[group] = p
 	}
 	var missing []string
 	for id := range want {

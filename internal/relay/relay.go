@@ -380,7 +380,7 @@ func (r *Relay) dial(ctx context.Context) (*publish.Link, error) {
 	link, err := publish.Dial(ctx, publish.DialOptions{
 		URL: r.cfg.AMQPURL, Heartbeat: r.cfg.AMQPHeartbeat, TLS: tlsConfig,
 		Exchanges: []string{r.cfg.Exchange, r.cfg.DeadLetterExchange},
-		Name:      "cdcrelay " + r.cfg.Slot, Window: r.cfg.MaxInFlight,
+		Name:      "cdcrelay " + r.cfg.Slot, Window: r.cfg.MaxInFlight, Channels: r.cfg.PublishChannels,
 	})
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("broker").Inc()

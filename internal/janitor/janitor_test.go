@@ -1,0 +1,63 @@
+package janitor
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func newTest(batch int) *Janitor {
+	return New(Options{MarkBatch: batch}, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+}
+
+// TestMarkBatches: ids come out in batches of MarkBatch in the order they
+// were acked, a failed batch goes back in front, and a full batch wakes
+// the writer.
+func TestMarkBatches(t *testing.T) {
+	j := newTest(3)
+	for _, id := range []string{"a", "b"} {
+		j.Mark(id)
+	}
+	select {
+	case <-j.wake:
+		t.Fatal("woken before a batch was full")
+	default:
+	}
+	j.Mark("c")
+	select {
+	case <-j.wake:
+	default:
+		t.Fatal("a full batch did not wake the writer")
+	}
+	j.Mark("d")
+	first := j.take()
+	if len(first) != 3 || first[0] != "a" || first[2] != "c" {
+		t.Fatalf("first batch %v", first)
+	}
+	j.putBack(first) // the UPDATE failed
+	if got := j.take(); len(got) != 3 || got[0] != "a" {
+		t.Fatalf("after a failure the batch was not retried first: %v", got)
+	}
+	if got := j.take(); len(got) != 1 || got[0] != "d" {
+		t.Fatalf("last batch %v", got)
+	}
+	if got := j.take(); len(got) != 0 {
+		t.Fatalf("empty queue gave %v", got)
+	}
+}
+
+func TestParkQueue(t *testing.T) {
+	j := newTest(10)
+	j.Park("x", "bad json")
+	select {
+	case <-j.wake:
+	default:
+		t.Fatal("a parked event did not wake the writer")
+	}
+	j.requeueParked([]parked{{"w", "earlier"}})
+	if len(j.parked) != 2 || j.parked[0].id != "w" || j.parked[1].reason != "bad json" {
+		t.Fatalf("parked queue %+v", j.parked)
+	}
+}
