@@ -1,7 +1,6 @@
 package janitor
 
 import (
-	"io"
 	"log/slog"
 	"testing"
 
@@ -9,7 +8,7 @@ import (
 )
 
 func newTest(batch int) *Janitor {
-	return New(Options{MarkBatch: batch}, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	return New(Options{MarkBatch: batch}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 }
 
 // TestMarkBatches: ids come out in batches of MarkBatch in the order they
