@@ -93,12 +93,7 @@ func (j *Janitor) Park(id, reason string) {
 // counted and retried; they never stop the relay.
 func (j *Janitor) Run(ctx context.Context) error {
 	var db *pgx.Conn
-	defer func() {
-		if db != nil {
-			j.flushOnExit(db)
-			_ = db.Close(context.Background())
-		}
-	}()
+	defer func() { j.flushOnExit(db) }()
 	mark := time.NewTicker(j.opts.MarkInterval)
 	defer mark.Stop()
 	retention := time.NewTicker(j.opts.RetentionInterval)
@@ -232,11 +227,26 @@ func (j *Janitor) markStatement(ctx context.Context, db *pgx.Conn) (string, erro
 	return j.markSQL, nil
 }
 
+// flushOnExit writes what is still queued, connecting if need be, within a
+// few seconds, and closes the connection. What it cannot write stays
+// unmarked: such rows may be published again after a slot recreation.
 func (j *Janitor) flushOnExit(db *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := j.flush(ctx, db); err != nil {
+	j.mu.Lock()
+	idle := len(j.pending) == 0 && len(j.parked) == 0
+	j.mu.Unlock()
+	var err error
+	if !idle {
+		if db, err = j.conn(ctx, db); err == nil {
+			err = j.flush(ctx, db)
+		}
+	}
+	if err != nil {
 		j.log.Warn("could not mark the last acked events published; they stay unmarked", "error", err)
+	}
+	if db != nil {
+		_ = db.Close(ctx)
 	}
 }
 

@@ -174,7 +174,15 @@ func (r *Relay) session(ctx context.Context) error {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
 		return fmt.Errorf("connect to database: %w", err)
 	}
-	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
+	// The normal connection serves the setup and the adoption only; it also
+	// holds the adoption lock, which closing it releases.
+	closeDB := func() {
+		if db != nil {
+			_ = db.Close(context.WithoutCancel(ctx))
+			db = nil
+		}
+	}
+	defer closeDB()
 	info, interval, adopting, err := r.prepare(ctx, db)
 	if err != nil {
 		return err
@@ -205,6 +213,7 @@ func (r *Relay) session(ctx context.Context) error {
 			return err
 		}
 	}
+	closeDB()
 	if err := r.startReplication(ctx, repl); err != nil {
 		return err
 	}
