@@ -56,6 +56,29 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
+// counter reads one labelled series of a metric vector.
+func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{%s=%q}", name, label, value)
+	return 0
+}
+
 // TestIntegrationJanitorMarksInBatches: acked events get published_at
 // within about a second, with one UPDATE per batch, never per row.
 func TestIntegrationJanitorMarksInBatches(t *testing.T) {

@@ -5,6 +5,8 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	restarts        prometheus.Counter
 	connectFailures *prometheus.CounterVec
+	reconnects      *prometheus.CounterVec
+	connected       map[string]bool // sides connected at least once; touched by the Run goroutine only
 	slotLost        prometheus.Counter
 	backfilled      prometheus.Counter
 	role            *prometheus.GaugeVec
@@ -18,6 +20,10 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 		connectFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cdcrelay_connect_failures_total", Help: "Failed connection attempts, by side (postgres or broker).",
 		}, []string{"side"}),
+		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cdcrelay_reconnects_total", Help: "Connections opened again after the first, by side (postgres replication or broker).",
+		}, []string{"side"}),
+		connected: map[string]bool{},
 		slotLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_slot_lost_total", Help: "Times the slot was found invalidated (wal_status=lost).",
 		}),
@@ -34,7 +40,11 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 		m.role.WithLabelValues(r.String()).Set(0)
 	}
 	m.role.WithLabelValues(RoleStarting.String()).Set(1)
-	reg.MustRegister(m.restarts, m.connectFailures, m.slotLost, m.backfilled, m.role)
+	for _, side := range []string{"postgres", "broker"} {
+		m.connectFailures.WithLabelValues(side)
+		m.reconnects.WithLabelValues(side)
+	}
+	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.slotLost, m.backfilled, m.role)
 	return m
 }
 
@@ -46,4 +56,13 @@ func (m *metrics) setRole(role Role) {
 		}
 		m.role.WithLabelValues(r.String()).Set(v)
 	}
+}
+
+// connectedTo counts a successful connection to side; every one after the
+// first is a reconnect.
+func (m *metrics) connectedTo(side string) {
+	if m.connected[side] {
+		m.reconnects.WithLabelValues(side).Inc()
+	}
+	m.connected[side] = true
 }

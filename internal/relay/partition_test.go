@@ -55,5 +55,8 @@ func TestIntegrationPartitionedPublishing(t *testing.T) {
 	waitAll(t, e.consumer, rows, 2*time.Minute)
 	waitConfirmed(t, e.db, slotName, pglsn(last)+1, 30*time.Second)
 	dups := reportOrder(t, rows, e.consumer.Deliveries(), byRoutingKey)
+	if n := counter(t, r.reg, "cdcrelay_reconnects_total", "side", "broker"); n < 1 {
+		t.Fatalf("broker reconnects %v after a link reset", n)
+	}
 	t.Logf("4 channels, link reset mid-stream: %d events, 0 missing, %d duplicates, per-key order kept", len(rows), dups)
 }

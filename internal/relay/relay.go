@@ -393,8 +393,10 @@ func (r *Relay) dial(ctx context.Context) (*publish.Link, error) {
 	})
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("broker").Inc()
+		return nil, err
 	}
-	return link, err
+	r.metrics.connectedTo("broker")
+	return link, nil
 }
 
 // connectReplication opens the replication connection.
@@ -410,6 +412,7 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
 		return nil, fmt.Errorf("open replication connection: %w", err)
 	}
+	r.metrics.connectedTo("postgres")
 	return conn, nil
 }
 
