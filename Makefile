@@ -4,7 +4,7 @@ GOLANGCI  ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2
 FUZZTIME  ?= 10s
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build demo test test-go fuzz chart-test lint clean
+.PHONY: build demo test test-go test-faults fuzz chart-test lint clean
 
 build:
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/cdcrelay ./cmd/cdcrelay
@@ -25,6 +25,12 @@ test-go:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+# The slow part of the fault matrix (docs/reliability.md): real broker
+# outages on a private RabbitMQ node, partitions, crashes, SIGKILL at exact
+# boundaries (failpoints), a 200,000-event backlog. .ci/run runs it too.
+test-faults:
+	$(GO) test -race -tags 'faults failpoints' -count=1 -timeout 30m ./internal/faults/ ./internal/failpoint/
+
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./internal/wal/
 	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) ./internal/config/
@@ -34,6 +40,7 @@ chart-test:
 
 lint:
 	$(GOLANGCI) run ./...
+	$(GOLANGCI) run --build-tags 'faults failpoints' ./internal/faults/... ./internal/failpoint/...
 
 clean:
 	rm -rf bin

@@ -45,19 +45,34 @@ type DialOptions struct {
 	Channels  int         // confirm channels to open (at least 1)
 }
 
+// handshakeTimeout bounds the TCP connect and the TLS and AMQP handshakes.
+const handshakeTimeout = 10 * time.Second
+
 // Dial connects, opens a confirm-mode channel and checks the exchange.
 // Recovery is left off on purpose: any broker failure must restart both
 // sides from the slot, not silently resume on a new channel.
 func Dial(ctx context.Context, o DialOptions) (*Link, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(o.Name)
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	dialer := &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 30 * time.Second}
 	conn, err := amqp.DialConfig(o.URL, amqp.Config{
 		Heartbeat:       o.Heartbeat,
 		Properties:      props,
 		TLSClientConfig: o.TLS,
 		Dial: func(network, addr string) (net.Conn, error) {
-			return dialer.DialContext(ctx, network, addr)
+			conn, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// As amqp.DefaultDial does: a deadline covers the TLS and AMQP
+			// handshakes (amqp091-go clears it once the connection is
+			// open), so a broker that accepts TCP but never answers fails
+			// the attempt instead of hanging the session forever.
+			if err := conn.SetDeadline(time.Now().Add(handshakeTimeout)); err != nil {
+				_ = conn.Close()
+				return nil, err
+			}
+			return conn, nil
 		},
 	})
 	if err != nil {

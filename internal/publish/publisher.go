@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/cdcrelay/cdcrelay/internal/failpoint"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
@@ -75,9 +76,13 @@ type inflight struct {
 func (p *Publisher) Run(ctx context.Context) error {
 	lanes := p.Link.lanes
 	// Each lane's FIFO holds its published, unconfirmed messages in publish
-	// order; the capacities bound the count in flight and the semaphore
-	// bounds the bytes across all lanes.
-	window := max(p.MaxInFlight/len(lanes)-1, 1)
+	// order. A lane takes one of its window's slots before each publish and
+	// gives it back once the confirm is handled, so a lane never has more
+	// than window messages unconfirmed (a FIFO's capacity alone lets one
+	// more through: the one its confirm loop awaits plus the one waiting to
+	// enter the full FIFO). The bytes semaphore bounds the size across all
+	// lanes.
+	window := max(p.MaxInFlight/len(lanes), 1)
 	bytes := semaphore.NewWeighted(p.MaxInFlightBytes)
 	// A failed session leaves its messages unconfirmed; they are not in
 	// flight any more once it is gone.
@@ -91,9 +96,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 	drainedLanes := make(chan struct{}, len(lanes))
 	for i, l := range lanes {
 		fifo := make(chan inflight, window)
-		g.Go(func() error { return p.publishLoop(gctx, l, inputs[i], fifo, bytes) })
+		slots := semaphore.NewWeighted(int64(window))
+		g.Go(func() error { return p.publishLoop(gctx, l, inputs[i], fifo, slots, bytes) })
 		g.Go(func() error {
-			if err := p.confirmLoop(gctx, l, fifo, bytes); err != nil {
+			if err := p.confirmLoop(gctx, l, fifo, slots, bytes); err != nil {
 				return err
 			}
 			drainedLanes <- struct{}{}
@@ -159,7 +165,7 @@ func LaneOf(routingKey string, n int) int {
 	return int(h % uint32(n))
 }
 
-func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Event, fifo chan<- inflight, bytes *semaphore.Weighted) error {
+func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Event, fifo chan<- inflight, slots, bytes *semaphore.Weighted) error {
 	defer close(fifo)
 	for {
 		var ev wal.Event
@@ -174,6 +180,9 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 		}
 		// An event larger than the byte budget takes all of it and goes alone.
 		weight := min(int64(ev.Size()), p.MaxInFlightBytes)
+		if err := slots.Acquire(ctx, 1); err != nil {
+			return err
+		}
 		if err := bytes.Acquire(ctx, weight); err != nil {
 			return err
 		}
@@ -215,6 +224,7 @@ func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event) (inflig
 	if err != nil {
 		return f, fmt.Errorf("publish event %s: %w", ev.ID, err)
 	}
+	failpoint.Hit(failpoint.AfterPublish)
 	p.Metrics.published.Inc()
 	p.Metrics.bytes.Add(float64(len(msg.Body)))
 	p.Metrics.inFlight.Inc()
@@ -252,7 +262,7 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 // confirmLoop takes a lane's confirms in publish order. Acks arrive in any
 // order, within a lane and across lanes; walking each FIFO in order hands
 // the watermark every ack, and its contiguous-prefix rule does the rest.
-func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflight, bytes *semaphore.Weighted) error {
+func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflight, slots, bytes *semaphore.Weighted) error {
 	for {
 		select {
 		case f, ok := <-fifo:
@@ -263,8 +273,9 @@ func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflig
 				return err
 			}
 			bytes.Release(f.weight)
-		case r := <-l.returns:
-			return p.returned(r)
+			slots.Release(1)
+		case r, ok := <-l.returns:
+			return p.returned(r, ok)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -286,8 +297,8 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 			// channel before it resolves the confirmation: so a return for
 			// this message, if any, is already waiting here.
 			select {
-			case r := <-l.returns:
-				return p.returned(r)
+			case r, ok := <-l.returns:
+				return p.returned(r, ok)
 			default:
 			}
 			p.Metrics.inFlight.Dec()
@@ -309,8 +320,8 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 				p.Metrics.commitToAck.Observe(now.Sub(f.commit).Seconds())
 			}
 			return nil
-		case r := <-l.returns:
-			return p.returned(r)
+		case r, ok := <-l.returns:
+			return p.returned(r, ok)
 		case <-timer.C:
 			// A blocked broker holds confirms back; that is flow control,
 			// not a failure, so the clock restarts once it lets go.
@@ -325,7 +336,15 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 	}
 }
 
-func (p *Publisher) returned(r amqp.Return) error {
+// returned turns a receive from a lane's returns channel into the
+// session's error. amqp091-go closes that channel when the channel or the
+// connection closes; the zero Return read from it then is a transport
+// failure, not a basic.return, and must not be counted or reported as one
+// (DESIGN.md invariant 3).
+func (p *Publisher) returned(r amqp.Return, ok bool) error {
+	if !ok {
+		return fmt.Errorf("%w: channel closed", ErrClosed)
+	}
 	p.Metrics.returns.Inc()
 	return fmt.Errorf("%w: event %s to exchange %q with routing key %q: %d %s (bind a queue for this key, or check the exchange)",
 		ErrReturned, r.MessageId, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
@@ -345,13 +364,18 @@ func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
 			}
 		}()
 	}
+	blocked := p.Link.blocked
 	for {
 		select {
 		case e, ok := <-p.Link.connClosed:
 			return closedError("connection", e, ok)
 		case err := <-closed:
 			return err
-		case b := <-p.Link.blocked:
+		case b, ok := <-blocked:
+			if !ok { // closed with the connection, which connClosed reports
+				blocked = nil
+				continue
+			}
 			p.blocked.Store(b.Active)
 			if b.Active {
 				p.Metrics.blocked.Set(1)

@@ -165,11 +165,23 @@ func jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
+// connectTimeout bounds a connection attempt to PostgreSQL (TCP connect
+// and startup) unless the URL sets connect_timeout: a server that accepts
+// but never answers must fail the attempt, not hang the relay.
+const connectTimeout = 10 * time.Second
+
 // session runs one pipeline. ctx ending asks for a graceful stop: read no
 // more, wait up to ShutdownTimeout for in-flight confirms, confirm what was
 // acked, return.
 func (r *Relay) session(ctx context.Context) error {
-	db, err := pgx.Connect(ctx, r.cfg.DatabaseURL)
+	dbCfg, err := pgx.ParseConfig(r.cfg.DatabaseURL)
+	if err != nil {
+		return errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
+	}
+	if dbCfg.ConnectTimeout == 0 {
+		dbCfg.ConnectTimeout = connectTimeout
+	}
+	db, err := pgx.ConnectConfig(ctx, dbCfg)
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
 		return fmt.Errorf("connect to database: %w", err)
@@ -331,7 +343,7 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	drained := make(chan struct{})
 	reader := &wal.Reader{
 		Conn: repl, Decoder: wal.NewDecoder(r.mapping), Marks: marks, Out: events,
-		StatusInterval: interval, Stop: ctx.Done(), Drained: drained,
+		StatusInterval: interval, Timeout: 3 * interval, Stop: ctx.Done(), Drained: drained,
 		Log: r.log, Metrics: r.walM, Alive: &r.alive,
 	}
 	publisher := r.publisher(link, events, acks{marks, r.marker}, drained)
@@ -407,6 +419,9 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	cfg.RuntimeParams["application_name"] = "cdcrelay"
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = connectTimeout
+	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()

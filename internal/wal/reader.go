@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/cdcrelay/cdcrelay/internal/failpoint"
 )
 
 // Marks records the stream's shape for the ack watermark (slot.Watermark).
@@ -49,6 +51,16 @@ type Reader struct {
 	// Alive, if set, gets the time of every turn of the loop (at least every
 	// progressDelay), so a health check can tell a wedged reader.
 	Alive *atomic.Int64
+	// Timeout, if positive, ends the session when the server has sent
+	// nothing for that long while the reader was listening. Status updates
+	// ask for a reply once the server has been silent for StatusInterval,
+	// so a live server is never silent that long, and a partitioned one is
+	// noticed without waiting minutes for TCP to give up. Use a few
+	// StatusIntervals.
+	Timeout time.Duration
+	// lastRecv is when the server was last heard from, or when the reader
+	// last went back to listening after waiting for room in Out.
+	lastRecv time.Time
 
 	sent     pglogrepl.LSN // last position reported to the server
 	lastSent time.Time
@@ -84,6 +96,7 @@ func (r *Reader) Run(ctx context.Context) error {
 		}
 	}()
 	var pending *Event // decoded, waiting for room in Out
+	r.lastRecv = time.Now()
 	for {
 		if pending != nil {
 			if err := r.offer(ctx, pending); err != nil {
@@ -124,6 +137,8 @@ func (r *Reader) offer(ctx context.Context, ev *Event) error {
 	for {
 		select {
 		case r.Out <- *ev:
+			// Waiting here was not listening: silence counts from now.
+			r.lastRecv = time.Now()
 			return nil
 		case <-tick.C:
 			if err := r.maybeSendStatus(false); err != nil {
@@ -168,10 +183,14 @@ func (r *Reader) receive(ctx, stopping context.Context) (*Event, error) {
 			return nil, ctx.Err()
 		}
 		if pgconn.Timeout(err) || errors.Is(err, context.Canceled) {
+			if silent := time.Since(r.lastRecv); r.Timeout > 0 && silent > r.Timeout {
+				return nil, fmt.Errorf("replication stream: nothing from the server for %s although a reply was requested; the connection is presumed dead", silent.Round(time.Second))
+			}
 			return nil, nil
 		}
 		return nil, fmt.Errorf("receive replication message: %w", err)
 	}
+	r.lastRecv = time.Now()
 	switch m := msg.(type) {
 	case *pgproto3.CopyData:
 		return r.handleCopyData(m.Data)
@@ -249,11 +268,17 @@ func (r *Reader) maybeSendStatus(force bool) error {
 // never goes below what was sent before.
 func (r *Reader) sendStatus(pos pglogrepl.LSN) error {
 	pos = max(pos, r.sent)
+	if pos > r.sent {
+		failpoint.Hit(failpoint.BeforeStatus)
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), r.Conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pos,
 		WALFlushPosition: pos,
 		WALApplyPosition: pos,
 		ClientTime:       time.Now(),
+		// A silent server is asked to answer at once, so that Timeout only
+		// fires on a dead connection.
+		ReplyRequested: r.Timeout > 0 && time.Since(r.lastRecv) >= r.StatusInterval,
 	})
 	if err != nil {
 		return fmt.Errorf("send standby status update: %w", err)

@@ -1,0 +1,78 @@
+//go:build faults
+
+package faults_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/failpoint"
+)
+
+// These tests kill the relay at an exact point of its code with a
+// failpoint (internal/failpoint): the binary is built with -tags
+// failpoints and CDCRELAY_FAILPOINT names the point.
+
+// TestFailpointKillAfterPublish: SIGKILL right after the 1500th publish,
+// before its confirm is processed.
+func TestFailpointKillAfterPublish(t *testing.T) {
+	w := newWorld(t, worldOptions{})
+	p := w.startProcess(processOptions{Race: true, Tags: "failpoints",
+		Env: []string{failpoint.Env + "=" + failpoint.AfterPublish + "@1500"}})
+	waitSlotActive(t, w.db, 30*time.Second)
+	all := w.insert(t, 200, 10)
+	p.waitFailpoint(t, failpoint.AfterPublish)
+	slotAtKill := confirmedFlush(t, w.db)
+
+	restarted := time.Now()
+	w.startProcess(processOptions{Race: true})
+	w.waitAll(t, time.Minute)
+	killedAt := w.commitLSN(t, all[1499])
+	waitConfirmed(t, w.db, killedAt+1, time.Minute)
+	recovery := time.Since(restarted)
+	if slotAtKill > killedAt {
+		t.Fatalf("slot at %s when killed, past the transaction of the event being published (commit %s)", slotAtKill, killedAt)
+	}
+	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
+	w.checkRecovered(t, "relay SIGKILL at failpoint "+failpoint.AfterPublish+"@1500", recovery,
+		fmt.Sprintf("slot at kill %s, the event's commit %s; recovery = new process start until the slot passed it", slotAtKill, killedAt))
+}
+
+// TestFailpointKillBeforeStatus: SIGKILL after the watermark moved past
+// confirmed events, before the status update that reports it, at the 10th
+// such update under a steady load.
+func TestFailpointKillBeforeStatus(t *testing.T) {
+	w := newWorld(t, worldOptions{})
+	p := w.startProcess(processOptions{Race: true, Tags: "failpoints",
+		Env: []string{failpoint.Env + "=" + failpoint.BeforeStatus + "@10"}})
+	waitSlotActive(t, w.db, 30*time.Second)
+	l := w.load(3000, 1000, 10)
+	p.waitFailpoint(t, failpoint.BeforeStatus)
+	killed := time.Now()
+	delivered := w.consumer.Count()
+
+	w.startProcess(processOptions{Race: true})
+	l.wait(t, time.Minute)
+	w.waitAll(t, time.Minute)
+	w.check(t, "relay SIGKILL at failpoint "+failpoint.BeforeStatus+"@10 under load", killed, l.since(killed),
+		fmt.Sprintf("killed after %d deliveries; recovery = worst commit-to-delivery latency of events committed after the kill", delivered))
+}
+
+// waitFailpoint waits until the process has killed itself at name.
+func (p *process) waitFailpoint(t *testing.T, name string) {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if !killed(err) {
+			t.Fatalf("relay exited with %v before failpoint %s", err, name)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("failpoint %s never fired within 60s: is failpoint.Hit(%q) wired into the relay's code? (internal/failpoint)", name, name)
+	}
+	if !strings.Contains(p.log.String(), "failpoint "+name+" hit") {
+		t.Fatalf("relay died by SIGKILL but not at failpoint %s", name)
+	}
+}

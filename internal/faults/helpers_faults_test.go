@@ -1,0 +1,276 @@
+//go:build faults
+
+package faults_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
+)
+
+// Helpers only the slow (build tag faults) tests use.
+
+// --- the relay binary ---
+
+var (
+	buildMu   sync.Mutex
+	binByTags = map[string]string{}
+)
+
+func init() {
+	// Remove the built binaries when the test binary is done (see TestMain).
+	cleanups = append(cleanups, func() {
+		buildMu.Lock()
+		defer buildMu.Unlock()
+		for _, bin := range binByTags {
+			_ = os.RemoveAll(filepath.Dir(bin))
+		}
+	})
+}
+
+// relayBinary builds cmd/cdcrelay once per flavour: race is -race (the
+// default for behaviour tests), tags are extra build tags ("failpoints").
+func relayBinary(t *testing.T, race bool, tags string) string {
+	t.Helper()
+	key := fmt.Sprintf("%v/%s", race, tags)
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := binByTags[key]; ok {
+		return p
+	}
+	dir, err := os.MkdirTemp("", "cdcrelay-faults-bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	bin := filepath.Join(dir, "cdcrelay")
+	args := []string{"build", "-o", bin}
+	if race {
+		args = append(args, "-race")
+	}
+	if tags != "" {
+		args = append(args, "-tags", tags)
+	}
+	cmd := exec.Command("go", append(args, "./cmd/cdcrelay")...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	binByTags[key] = bin
+	return bin
+}
+
+// process is the relay binary running as a child process.
+type process struct {
+	cmd      *exec.Cmd
+	done     chan error
+	log      *lockedBuffer
+	httpAddr string
+}
+
+type processOptions struct {
+	Race  bool   // build with -race
+	Tags  string // build tags
+	Extra map[string]string
+	Env   []string // extra raw environment (e.g. CDCRELAY_FAILPOINT=...)
+}
+
+func (w *world) startProcess(o processOptions) *process {
+	w.t.Helper()
+	bin := relayBinary(w.t, o.Race, o.Tags)
+	port, err := freePort()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	extra := map[string]string{"HTTP_ADDR": "127.0.0.1:" + strconv.Itoa(port)}
+	for k, v := range o.Extra {
+		extra[k] = v
+	}
+	cmd := exec.Command(bin, "run")
+	cmd.Env = os.Environ()
+	for k, v := range w.vars(extra) {
+		cmd.Env = append(cmd.Env, config.Prefix+k+"="+v)
+	}
+	cmd.Env = append(cmd.Env, o.Env...)
+	p := &process{cmd: cmd, done: make(chan error, 1), log: &lockedBuffer{}, httpAddr: "127.0.0.1:" + strconv.Itoa(port)}
+	cmd.Stdout, cmd.Stderr = p.log, p.log
+	if err := cmd.Start(); err != nil {
+		w.t.Fatal(err)
+	}
+	go func() { p.done <- cmd.Wait() }()
+	w.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		err := <-p.done
+		p.done <- err
+		if w.t.Failed() {
+			w.t.Logf("relay process log (last 60 lines):\n%s", tail(p.log.String(), 60))
+		}
+	})
+	return p
+}
+
+// kill sends SIGKILL and waits for the process to end.
+func (p *process) kill(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Fatal(err)
+	}
+	if err := p.wait(t, 10*time.Second); !killed(err) {
+		t.Fatalf("relay exit after SIGKILL: %v", err)
+	}
+}
+
+// wait returns the exit error once the process ends.
+func (p *process) wait(t *testing.T, within time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return err
+	case <-time.After(within):
+		t.Fatalf("relay process still running after %s", within)
+		return nil
+	}
+}
+
+// exited reports whether the process has ended, and how.
+func (p *process) exited() (bool, error) {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
+func killed(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// metrics scrapes the process's /metrics and returns name -> summed value
+// for the families asked for.
+func (p *process) metrics(names ...string) (map[string]float64, error) {
+	resp, err := http.Get("http://" + p.httpAddr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		for _, n := range names {
+			if line == "" || !strings.HasPrefix(line, n) {
+				continue
+			}
+			rest := line[len(n):]
+			if rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+				continue
+			}
+			f := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
+			if len(f) == 0 {
+				continue
+			}
+			if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+				out[n] += v
+			}
+		}
+	}
+	return out, nil
+}
+
+// rssKiB reads VmRSS and VmHWM (peak) of pid from /proc.
+func rssKiB(pid int) (rss, peak int64, err error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmRSS:":
+			rss = v
+		case "VmHWM:":
+			peak = v
+		}
+	}
+	return rss, peak, nil
+}
+
+// insertCommits is insert with the commit time of each transaction.
+func (w *world) insertCommits(t *testing.T, txs, size int) []commit {
+	t.Helper()
+	var out []commit
+	for i := range txs {
+		ids, err := insertTx(context.Background(), w.db, routingKeys[i%len(routingKeys)], size)
+		if err != nil {
+			t.Fatalf("insert: %v", err)
+		}
+		out = append(out, commit{at: time.Now(), ids: ids})
+	}
+	return out
+}
+
+// waitEvents waits until the loader has committed at least n events.
+func (l *loader) waitEvents(t *testing.T, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for l.count() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("loader: %d of %d events after %s", l.count(), n, within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitFor polls cond every 20ms.
+func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s", what, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
