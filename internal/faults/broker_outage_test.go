@@ -188,7 +188,7 @@ func TestBrokerBlackhole(t *testing.T) {
 	r.waitStreaming(t)
 
 	l := w.load(3000, 150, 3)
-	waitCount(t, w.consumer, 1000, time.Minute)
+	testenv.WaitCount(t, w.consumer, 1000, time.Minute)
 	fault := time.Now()
 	w.amqpProxy.Blackhole(true)
 	// amqp091-go gives up on a connection that has been silent for three

@@ -23,7 +23,7 @@ func TestBrokerLinkReset(t *testing.T) {
 	r.waitStreaming(t)
 
 	l := w.load(3000, 1500, 10)
-	waitCount(t, w.consumer, 1000, time.Minute)
+	testenv.WaitCount(t, w.consumer, 1000, time.Minute)
 	fault := time.Now()
 	w.amqpProxy.Reset()
 	l.wait(t, time.Minute)
@@ -60,7 +60,7 @@ func TestBrokerNacks(t *testing.T) {
 	r := w.startRelay(nil)
 	r.waitStreaming(t)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
-	waitConfirmed(t, w.db, currentLSN(t, w.db), 30*time.Second)
+	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 
 	// 20 single-event transactions for the limited queue: 10 fit.
 	var over []commit
@@ -76,7 +76,7 @@ func TestBrokerNacks(t *testing.T) {
 	boundary := w.commitLSN(t, rejected)
 	failing := time.Now()
 	for time.Since(failing) < 8*time.Second {
-		if got := confirmedFlush(t, w.db); got > boundary {
+		if got := testenv.ConfirmedFlush(t, w.db, slotName); got > boundary {
 			t.Fatalf("slot at %s, past the nacked event's transaction (commit %s)", got, boundary)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -101,7 +101,7 @@ func TestBrokerNacks(t *testing.T) {
 	// The fix: a consumer drains the full queue.
 	fixed := time.Now()
 	w.drain(t, limited)
-	waitConfirmed(t, w.db, w.commitLSN(t, over[len(over)-1].ids[0])+1, 30*time.Second)
+	testenv.WaitConfirmed(t, w.db, slotName, w.commitLSN(t, over[len(over)-1].ids[0])+1, 30*time.Second)
 	recovery := time.Since(fixed)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	r.running(t)
@@ -118,7 +118,7 @@ func TestBrokerReturns(t *testing.T) {
 	r := w.startRelay(nil)
 	r.waitStreaming(t)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
-	waitConfirmed(t, w.db, currentLSN(t, w.db), 30*time.Second)
+	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 
 	// One transaction: a routable event, then one for a key with no binding.
 	var marker, orphan string
@@ -136,7 +136,7 @@ func TestBrokerReturns(t *testing.T) {
 	boundary := w.commitLSN(t, marker)
 	failing := time.Now()
 	for time.Since(failing) < 8*time.Second {
-		if got := confirmedFlush(t, w.db); got > boundary {
+		if got := testenv.ConfirmedFlush(t, w.db, slotName); got > boundary {
 			t.Fatalf("slot at %s, past the returned event's transaction (commit %s)", got, boundary)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -151,8 +151,8 @@ func TestBrokerReturns(t *testing.T) {
 
 	fixed := time.Now()
 	late := testenv.MustConsumer(t, w.amqpURL, w.exchange, testenv.UniqueName("cdcrelay.faults.late"), "orphan.#")
-	waitCount(t, late, 1, 30*time.Second)
-	waitConfirmed(t, w.db, boundary+1, 30*time.Second)
+	testenv.WaitCount(t, late, 1, 30*time.Second)
+	testenv.WaitConfirmed(t, w.db, slotName, boundary+1, 30*time.Second)
 	recovery := time.Since(fixed)
 	if d := late.Deliveries()[0]; d.MessageID != orphan {
 		t.Fatalf("late consumer got %s, want %s", d.MessageID, orphan)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cdcrelay/cdcrelay/internal/failpoint"
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
 // These tests kill the relay at an exact point of its code with a
@@ -24,13 +25,13 @@ func TestFailpointKillAfterPublish(t *testing.T) {
 	waitSlotActive(t, w.db, 30*time.Second)
 	all := w.insert(t, 200, 10)
 	p.waitFailpoint(t, failpoint.AfterPublish)
-	slotAtKill := confirmedFlush(t, w.db)
+	slotAtKill := testenv.ConfirmedFlush(t, w.db, slotName)
 
 	restarted := time.Now()
 	w.startProcess(processOptions{Race: true})
 	w.waitAll(t, time.Minute)
 	killedAt := w.commitLSN(t, all[1499])
-	waitConfirmed(t, w.db, killedAt+1, time.Minute)
+	testenv.WaitConfirmed(t, w.db, slotName, killedAt+1, time.Minute)
 	recovery := time.Since(restarted)
 	if slotAtKill > killedAt {
 		t.Fatalf("slot at %s when killed, past the transaction of the event being published (commit %s)", slotAtKill, killedAt)

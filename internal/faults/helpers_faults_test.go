@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
 // Helpers only the slow (build tag faults) tests use.
@@ -80,7 +81,7 @@ func relayBinary(t *testing.T, race bool, tags string) string {
 type process struct {
 	cmd      *exec.Cmd
 	done     chan error
-	log      *lockedBuffer
+	log      *testenv.Buffer
 	httpAddr string
 }
 
@@ -108,7 +109,7 @@ func (w *world) startProcess(o processOptions) *process {
 		cmd.Env = append(cmd.Env, config.Prefix+k+"="+v)
 	}
 	cmd.Env = append(cmd.Env, o.Env...)
-	p := &process{cmd: cmd, done: make(chan error, 1), log: &lockedBuffer{}, httpAddr: "127.0.0.1:" + strconv.Itoa(port)}
+	p := &process{cmd: cmd, done: make(chan error, 1), log: &testenv.Buffer{}, httpAddr: "127.0.0.1:" + strconv.Itoa(port)}
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	if err := cmd.Start(); err != nil {
 		w.t.Fatal(err)

@@ -225,7 +225,7 @@ type inproc struct {
 	done   chan error
 	relay  *relay.Relay
 	reg    *prometheus.Registry
-	log    *lockedBuffer
+	log    *testenv.Buffer
 }
 
 func (w *world) startRelay(extra map[string]string) *inproc {
@@ -239,7 +239,7 @@ func (w *world) startRelay(extra map[string]string) *inproc {
 		w.t.Fatal(err)
 	}
 	level, _ := cfg.Level()
-	buf := &lockedBuffer{}
+	buf := &testenv.Buffer{}
 	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: level}))
 	reg := prometheus.NewRegistry()
 	run := &inproc{done: make(chan error, 1), reg: reg, log: buf}
@@ -747,19 +747,6 @@ func appendReport(t *testing.T, path string, o outcome) {
 
 // --- slot and server state ---
 
-func confirmedFlush(t *testing.T, db *pgx.Conn) pglogrepl.LSN {
-	t.Helper()
-	var lsn *pglogrepl.LSN
-	err := db.QueryRow(context.Background(), `SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, slotName).Scan(&lsn)
-	if err != nil {
-		t.Fatalf("read slot: %v", err)
-	}
-	if lsn == nil {
-		return 0
-	}
-	return *lsn
-}
-
 // commitLSN returns the commit LSN (the relay's header) of the transaction
 // holding event id, from its first delivery. A slot confirmed at or below
 // it has not passed that transaction: logical decoding sends again every
@@ -824,49 +811,7 @@ func waitSlotActive(t *testing.T, db *pgx.Conn, within time.Duration) int {
 	}
 }
 
-// waitConfirmed waits until the slot's confirmed position reaches lsn.
-func waitConfirmed(t *testing.T, db *pgx.Conn, lsn pglogrepl.LSN, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		got := confirmedFlush(t, db)
-		if got >= lsn {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot confirmed_flush_lsn %s, want at least %s after %s", got, lsn, within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func waitCount(t *testing.T, c *testenv.Consumer, n int, within time.Duration) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), within)
-	defer cancel()
-	if err := c.WaitCount(ctx, n); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // --- small things ---
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")

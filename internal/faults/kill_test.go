@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/jackc/pglogrepl"
 )
 
@@ -20,18 +21,18 @@ func TestKillAfterPublishBeforeConfirm(t *testing.T) {
 	p := w.startProcess(processOptions{Race: true, Extra: map[string]string{"AMQP_HEARTBEAT": "60s"}})
 	waitSlotActive(t, w.db, 30*time.Second)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
-	waitConfirmed(t, w.db, currentLSN(t, w.db), 30*time.Second)
+	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 
 	w.amqpProxy.HoldDownstream(true)
 	held := w.insertCommits(t, 50, 10)
 	w.waitIDs(t, ids(held), 30*time.Second) // published and routed
 	boundary := w.commitLSN(t, held[0].ids[0])
 	time.Sleep(time.Second) // room for a wrong status update
-	if got := confirmedFlush(t, w.db); got > boundary {
+	if got := testenv.ConfirmedFlush(t, w.db, slotName); got > boundary {
 		t.Fatalf("slot at %s, past the first unconfirmed transaction (commit %s)", got, boundary)
 	}
 	p.kill(t)
-	if got := confirmedFlush(t, w.db); got > boundary {
+	if got := testenv.ConfirmedFlush(t, w.db, slotName); got > boundary {
 		t.Fatalf("slot at %s after SIGKILL, past the first unconfirmed transaction (commit %s)", got, boundary)
 	}
 	w.amqpProxy.Reset()
@@ -40,7 +41,7 @@ func TestKillAfterPublishBeforeConfirm(t *testing.T) {
 	restarted := time.Now()
 	w.startProcess(processOptions{Race: true})
 	w.waitAll(t, time.Minute)
-	waitConfirmed(t, w.db, w.commitLSN(t, held[len(held)-1].ids[0])+1, time.Minute)
+	testenv.WaitConfirmed(t, w.db, slotName, w.commitLSN(t, held[len(held)-1].ids[0])+1, time.Minute)
 	recovery := time.Since(restarted)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	o := w.checkRecovered(t, "relay SIGKILL after publish, before confirm", recovery,
@@ -60,7 +61,7 @@ func TestKillAfterConfirmBeforeStatusUpdate(t *testing.T) {
 	p := w.startProcess(processOptions{Race: true})
 	waitSlotActive(t, w.db, 30*time.Second)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
-	waitConfirmed(t, w.db, currentLSN(t, w.db), 30*time.Second)
+	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 
 	w.pgProxy.HoldUpstream(true)
 	held := w.insertCommits(t, 50, 10)
@@ -72,20 +73,20 @@ func TestKillAfterConfirmBeforeStatusUpdate(t *testing.T) {
 		m, err := p.metrics("cdcrelay_confirmed_lsn")
 		return err == nil && pglogrepl.LSN(m["cdcrelay_confirmed_lsn"]) > last
 	})
-	if got := confirmedFlush(t, w.db); got > boundary {
+	if got := testenv.ConfirmedFlush(t, w.db, slotName); got > boundary {
 		t.Fatalf("slot at %s although the status update is held (first unreported commit %s)", got, boundary)
 	}
 	p.kill(t)
 	w.pgProxy.Reset() // the held status updates die with the connection
 	w.pgProxy.HoldUpstream(false)
-	if got := confirmedFlush(t, w.db); got > boundary {
+	if got := testenv.ConfirmedFlush(t, w.db, slotName); got > boundary {
 		t.Fatalf("slot at %s after SIGKILL, past the first unreported transaction (commit %s)", got, boundary)
 	}
 
 	restarted := time.Now()
 	w.startProcess(processOptions{Race: true})
 	w.waitAll(t, time.Minute)
-	waitConfirmed(t, w.db, last+1, time.Minute)
+	testenv.WaitConfirmed(t, w.db, slotName, last+1, time.Minute)
 	recovery := time.Since(restarted)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	o := w.checkRecovered(t, "relay SIGKILL after confirm, before the status update", recovery,
@@ -106,21 +107,21 @@ func TestKillInsideLargeTransaction(t *testing.T) {
 	p := w.startProcess(processOptions{})
 	waitSlotActive(t, w.db, 30*time.Second)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
-	waitConfirmed(t, w.db, currentLSN(t, w.db), 30*time.Second)
+	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 
 	tx := w.insertCommits(t, 1, big)
-	waitCount(t, w.consumer, 1000+big/3, 2*time.Minute)
+	testenv.WaitCount(t, w.consumer, 1000+big/3, 2*time.Minute)
 	boundary := w.commitLSN(t, tx[0].ids[0])
 	p.kill(t)
 	delivered := w.consumer.Count() - 1000
-	if got := confirmedFlush(t, w.db); got > boundary {
+	if got := testenv.ConfirmedFlush(t, w.db, slotName); got > boundary {
 		t.Fatalf("slot at %s, past the large transaction (commit %s)", got, boundary)
 	}
 
 	restarted := time.Now()
 	w.startProcess(processOptions{})
 	w.waitAll(t, 3*time.Minute)
-	waitConfirmed(t, w.db, boundary+1, time.Minute)
+	testenv.WaitConfirmed(t, w.db, slotName, boundary+1, time.Minute)
 	recovery := time.Since(restarted)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	o := w.checkRecovered(t, "relay SIGKILL inside a 100,000-row transaction", recovery,

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
 // TestBacklogMemoryBounded commits a 200,000-event backlog in one burst
@@ -33,7 +35,7 @@ func TestBacklogMemoryBounded(t *testing.T) {
 	pid := p.cmd.Process.Pid
 	waitSlotActive(t, w.db, 30*time.Second)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
-	waitConfirmed(t, w.db, currentLSN(t, w.db), 30*time.Second)
+	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 	time.Sleep(2 * time.Second) // let the janitor and the runtime settle
 	baseline, baselinePeak, err := rssKiB(pid)
 	if err != nil {

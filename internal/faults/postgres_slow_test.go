@@ -31,7 +31,7 @@ func TestPostgresBlackhole(t *testing.T) {
 	r.waitStreaming(t)
 
 	l := w.load(4000, 120, 3)
-	waitCount(t, w.consumer, 1000, time.Minute)
+	testenv.WaitCount(t, w.consumer, 1000, time.Minute)
 	fault := time.Now()
 	w.pgProxy.Blackhole(true)
 	detected := time.Duration(0)
@@ -74,7 +74,7 @@ func TestPostgresCrashRestart(t *testing.T) {
 	r.waitStreaming(t)
 
 	l := w.load(4000, 500, 5)
-	waitCount(t, w.consumer, 1000, time.Minute)
+	testenv.WaitCount(t, w.consumer, 1000, time.Minute)
 	fault := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

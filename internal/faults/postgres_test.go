@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
 // TestPostgresLinkReset cuts the relay's PostgreSQL connections (the
@@ -14,7 +16,7 @@ func TestPostgresLinkReset(t *testing.T) {
 	r.waitStreaming(t)
 
 	l := w.load(3000, 1500, 10)
-	waitCount(t, w.consumer, 1000, time.Minute)
+	testenv.WaitCount(t, w.consumer, 1000, time.Minute)
 	fault := time.Now()
 	w.pgProxy.Reset()
 	l.wait(t, time.Minute)
@@ -35,7 +37,7 @@ func TestPostgresTerminateWalsender(t *testing.T) {
 	pid := waitSlotActive(t, w.db, 10*time.Second)
 
 	l := w.load(3000, 1500, 10)
-	waitCount(t, w.consumer, 1000, time.Minute)
+	testenv.WaitCount(t, w.consumer, 1000, time.Minute)
 	fault := time.Now()
 	var ok bool
 	if err := w.db.QueryRow(context.Background(), `SELECT pg_terminate_backend($1)`, pid).Scan(&ok); err != nil || !ok {

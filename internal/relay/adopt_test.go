@@ -94,7 +94,7 @@ func TestIntegrationAdoptionInterrupted(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	old := backlog(t, e.db, "backlog", 20000)
 	p := e.startProcess(map[string]string{"MAX_IN_FLIGHT": "50"})
-	waitCount(t, e.consumer, 2000, time.Minute)
+	testenv.WaitCount(t, e.consumer, 2000, time.Minute)
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestIntegrationHotStandby(t *testing.T) {
 
 	stop := make(chan struct{})
 	during := keepInserting(t, e, "ha", stop)
-	waitCount(t, e.consumer, 200, 30*time.Second)
+	testenv.WaitCount(t, e.consumer, 200, 30*time.Second)
 	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -130,13 +130,13 @@ type running struct {
 	done   chan error
 	relay  *relay.Relay
 	reg    *prometheus.Registry
-	logs   *lockedBuffer // everything the relay logged
+	logs   *testenv.Buffer // everything the relay logged
 }
 
 // startRelay runs the service in this process until the test ends or stop.
 func (e *env) startRelay(extra map[string]string) *running {
 	e.t.Helper()
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{e.t}, logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	reg := prometheus.NewRegistry()
 	svc, err := relay.NewService(e.config(extra), log, reg)
@@ -235,45 +235,6 @@ func insert(ctx context.Context, db *pgx.Conn, key string, sizes ...int) ([]row,
 		}
 	}
 	return rows, last, nil
-}
-
-// confirmedFlush reads the slot's confirmed position.
-func confirmedFlush(t *testing.T, db *pgx.Conn, slotName string) pglogrepl.LSN {
-	t.Helper()
-	var lsn *pglogrepl.LSN
-	err := db.QueryRow(context.Background(), `SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, slotName).Scan(&lsn)
-	if err != nil {
-		t.Fatalf("read slot %s: %v", slotName, err)
-	}
-	if lsn == nil {
-		return 0
-	}
-	return *lsn
-}
-
-// waitConfirmed waits until the slot's confirmed position reaches at least lsn.
-func waitConfirmed(t *testing.T, db *pgx.Conn, slotName string, lsn pglogrepl.LSN, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		got := confirmedFlush(t, db, slotName)
-		if got >= lsn {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot confirmed_flush_lsn %s, want at least %s after %s", got, lsn, within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func waitCount(t *testing.T, c *testenv.Consumer, n int, within time.Duration) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), within)
-	defer cancel()
-	if err := c.WaitCount(ctx, n); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // report checks that every row arrived with the right identity and body,
@@ -379,7 +340,7 @@ func relayBinary(t *testing.T) string {
 type process struct {
 	cmd  *exec.Cmd
 	done chan error
-	log  *lockedBuffer
+	log  *testenv.Buffer
 }
 
 func (e *env) startProcess(extra map[string]string) *process {
@@ -389,7 +350,7 @@ func (e *env) startProcess(extra map[string]string) *process {
 	for k, v := range e.vars(extra) {
 		cmd.Env = append(cmd.Env, config.Prefix+k+"="+v)
 	}
-	p := &process{cmd: cmd, done: make(chan error, 1), log: &lockedBuffer{}}
+	p := &process{cmd: cmd, done: make(chan error, 1), log: &testenv.Buffer{}}
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
@@ -418,25 +379,6 @@ func (p *process) wait(t *testing.T, within time.Duration) error {
 		return nil
 	}
 }
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-var _ io.Writer = (*lockedBuffer)(nil)
 
 func isExit(err error, code int) bool {
 	var ee *exec.ExitError

@@ -125,7 +125,7 @@ func TestIntegrationJanitorNeverMarksUnacked(t *testing.T) {
 	r.waitStreaming(t)
 	proxy.HoldDownstream(true)
 	rows, _ := insertTxns(t, e.db, "k", 50)
-	waitCount(t, e.consumer, len(rows), 30*time.Second)
+	testenv.WaitCount(t, e.consumer, len(rows), 30*time.Second)
 	time.Sleep(1500 * time.Millisecond) // three mark intervals
 	if n := unmarked(t, e, rows); n != len(rows) {
 		t.Fatalf("%d rows marked published before the broker confirmed them", len(rows)-n)
@@ -217,7 +217,7 @@ func TestIntegrationRetention(t *testing.T) {
 	if n := gauge(t, r.reg, "cdcrelay_janitor_deleted_total"); n != 2500 {
 		t.Fatalf("deleted counter %v, want 2500", n)
 	}
-	if waitCount(t, e.consumer, 10, 10*time.Second); e.consumer.Count() != 10 {
+	if testenv.WaitCount(t, e.consumer, 10, 10*time.Second); e.consumer.Count() != 10 {
 		t.Fatalf("%d deliveries, want the 10 unpublished rows", e.consumer.Count())
 	}
 }

@@ -53,7 +53,7 @@ func TestIntegrationPartitionedPublishing(t *testing.T) {
 		t.Fatalf("%d rows", len(rows))
 	}
 	waitAll(t, e.consumer, rows, 2*time.Minute)
-	waitConfirmed(t, e.db, slotName, pglsn(last)+1, 30*time.Second)
+	testenv.WaitConfirmed(t, e.db, slotName, pglsn(last)+1, 30*time.Second)
 	dups := reportOrder(t, rows, e.consumer.Deliveries(), byRoutingKey)
 	if n := counter(t, r.reg, "cdcrelay_reconnects_total", "side", "broker"); n < 1 {
 		t.Fatalf("broker reconnects %v after a link reset", n)

@@ -74,8 +74,8 @@ func TestIntegrationPoisonParked(t *testing.T) {
 	good, bad := insertPoison(t, e)
 	after, last := insertTxns(t, e.db, "p.after", 3)
 	waitAll(t, e.consumer, append(append([]row(nil), good...), after...), 30*time.Second)
-	waitCount(t, dead, len(bad), 30*time.Second)
-	waitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	testenv.WaitCount(t, dead, len(bad), 30*time.Second)
+	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
 
 	for _, d := range dead.Deliveries() {
 		want, ok := bad[d.MessageID]
@@ -119,7 +119,7 @@ func TestIntegrationPoisonStop(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay still running after a poison row with POISON=stop")
 	}
-	if got := confirmedFlush(t, e.db, slotName); got > pglsn(last) {
+	if got := testenv.ConfirmedFlush(t, e.db, slotName); got > pglsn(last) {
 		t.Fatalf("slot moved to %s past the poison row (%s)", got, pglsn(last))
 	}
 }
@@ -153,7 +153,7 @@ func TestIntegrationUnroutableToAlternateExchange(t *testing.T) {
 	r.waitStreaming(t)
 	rows, last := insertTxns(t, e.db, "nowhere", 20)
 	waitAll(t, aeConsumer, rows, 30*time.Second)
-	waitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
 	if n := gauge(t, r.reg, "cdcrelay_returns_total"); n != 0 {
 		t.Fatalf("%v returns with an alternate exchange", n)
 	}

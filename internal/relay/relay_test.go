@@ -36,8 +36,8 @@ func TestIntegrationExactlyOnceInCommitOrder(t *testing.T) {
 	if len(rows) != 10000 {
 		t.Fatalf("inserted %d rows", len(rows))
 	}
-	waitCount(t, e.consumer, len(rows), 2*time.Minute)
-	waitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	testenv.WaitCount(t, e.consumer, len(rows), 2*time.Minute)
+	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
 	if err := r.stop(t); err != nil {
 		t.Fatalf("relay: %v", err)
 	}
@@ -74,7 +74,7 @@ func TestIntegrationSIGKILLMidStream(t *testing.T) {
 		}
 		inserted <- result{all, nil}
 	}()
-	waitCount(t, e.consumer, 1000, time.Minute)
+	testenv.WaitCount(t, e.consumer, 1000, time.Minute)
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestIntegrationInsertedWhileDown(t *testing.T) {
 	r := e.startRelay(nil)
 	r.waitStreaming(t)
 	before, _ := insertTxns(t, e.db, "k", 3)
-	waitCount(t, e.consumer, 3, 30*time.Second)
+	testenv.WaitCount(t, e.consumer, 3, 30*time.Second)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -120,8 +120,8 @@ func TestIntegrationInsertedWhileDown(t *testing.T) {
 	}
 	e.startRelay(nil)
 	all := append(append([]row(nil), before...), during...)
-	waitCount(t, e.consumer, len(all), time.Minute)
-	waitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	testenv.WaitCount(t, e.consumer, len(all), time.Minute)
+	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
 	if dups := report(t, all, e.consumer.Deliveries()); dups != 0 {
 		t.Fatalf("%d duplicates after a graceful stop", dups)
 	}
@@ -137,7 +137,7 @@ func TestIntegrationIdleSlotAdvances(t *testing.T) {
 	}
 	r := e.startRelay(nil)
 	r.waitStreaming(t)
-	start := confirmedFlush(t, e.db, slotName)
+	start := testenv.ConfirmedFlush(t, e.db, slotName)
 	for range 20 {
 		if _, err := e.db.Exec(ctx, `INSERT INTO other (v) SELECT repeat('x', 1000) FROM generate_series(1, 100)`); err != nil {
 			t.Fatal(err)
@@ -147,8 +147,8 @@ func TestIntegrationIdleSlotAdvances(t *testing.T) {
 	if err := e.db.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&after); err != nil {
 		t.Fatal(err)
 	}
-	waitConfirmed(t, e.db, slotName, pglsn(after), 30*time.Second)
-	if got := confirmedFlush(t, e.db, slotName); got <= start {
+	testenv.WaitConfirmed(t, e.db, slotName, pglsn(after), 30*time.Second)
+	if got := testenv.ConfirmedFlush(t, e.db, slotName); got <= start {
 		t.Fatalf("slot did not move: %s", got)
 	}
 	if n := e.consumer.Count(); n != 0 {
@@ -169,21 +169,21 @@ func TestIntegrationWatermarkWaitsForConfirms(t *testing.T) {
 
 	proxy.HoldDownstream(true)
 	rows, last := insertTxns(t, e.db, "held", 20)
-	waitCount(t, e.consumer, len(rows), 30*time.Second) // the broker has them
-	before := confirmedFlush(t, e.db, slotName)
+	testenv.WaitCount(t, e.consumer, len(rows), 30*time.Second) // the broker has them
+	before := testenv.ConfirmedFlush(t, e.db, slotName)
 	if before > last {
 		t.Fatalf("slot at %s before any confirm, past the held transaction (%s)", before, last)
 	}
 	// Keepalives keep coming; the slot must stay behind the transaction.
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
-		if got := confirmedFlush(t, e.db, slotName); got > last {
+		if got := testenv.ConfirmedFlush(t, e.db, slotName); got > last {
 			t.Fatalf("slot moved to %s past the unconfirmed transaction (%s)", got, last)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	proxy.HoldDownstream(false)
-	waitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
 	if dups := report(t, rows, e.consumer.Deliveries()); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}
@@ -197,15 +197,15 @@ func TestIntegrationReturnedMessageBlocksTheSlot(t *testing.T) {
 	r := e.startRelay(nil)
 	r.waitStreaming(t)
 	routed, _ := insertTxns(t, e.db, "routed.a", 2)
-	waitCount(t, e.consumer, 2, 30*time.Second)
+	testenv.WaitCount(t, e.consumer, 2, 30*time.Second)
 	unrouted, last := insertTxns(t, e.db, "nowhere", 1)
 	time.Sleep(2 * time.Second) // several failed attempts
-	if got := confirmedFlush(t, e.db, slotName); got > last {
+	if got := testenv.ConfirmedFlush(t, e.db, slotName); got > last {
 		t.Fatalf("slot moved to %s past the returned message (%s)", got, last)
 	}
 	late := testenv.MustConsumer(t, e.amqpURL, e.exchange, testenv.UniqueName("cdcrelay.late"), "nowhere")
-	waitCount(t, late, 1, 30*time.Second)
-	waitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	testenv.WaitCount(t, late, 1, 30*time.Second)
+	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
 	report(t, unrouted, late.Deliveries()[:1])
 	report(t, routed, e.consumer.Deliveries()[:2])
 }
@@ -236,7 +236,7 @@ func TestIntegrationDroppedColumnStopsWithoutConfirming(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay still running after an unmappable row")
 	}
-	if got := confirmedFlush(t, e.db, slotName); got > pglsn(last) {
+	if got := testenv.ConfirmedFlush(t, e.db, slotName); got > pglsn(last) {
 		t.Fatalf("slot moved to %s past the unmappable row (%s)", got, pglsn(last))
 	}
 	if n := e.consumer.Count(); n != 0 {
@@ -262,8 +262,8 @@ func TestIntegrationMessageShape(t *testing.T) {
 		('22222222-2222-2222-2222-222222222222', 'b', '{"x":1}', NULL, $1)`, other); err != nil {
 		t.Fatal(err)
 	}
-	waitCount(t, e.consumer, 1, 30*time.Second)
-	waitCount(t, otherConsumer, 1, 30*time.Second)
+	testenv.WaitCount(t, e.consumer, 1, 30*time.Second)
+	testenv.WaitCount(t, otherConsumer, 1, 30*time.Second)
 	d := e.consumer.Deliveries()[0]
 	if d.MessageID != "11111111-1111-1111-1111-111111111111" || d.Type != "A" || d.Headers["traceparent"] != tp ||
 		d.Headers["tenant"] != "t1" || d.Headers["n"] != int64(2) || d.Timestamp.IsZero() {

@@ -201,7 +201,7 @@ func TestIntegrationNoSecretInOutput(t *testing.T) {
 				config.Prefix+"DATABASE_URL="+c.db, config.Prefix+"AMQP_URL="+c.mq, config.Prefix+"EXCHANGE="+e.exchange,
 				config.Prefix+"HTTP_ADDR="+addr, config.Prefix+"LOG_LEVEL=debug", config.Prefix+"LOG_FORMAT="+c.format,
 				config.Prefix+"BACKOFF_MIN=100ms", config.Prefix+"BACKOFF_MAX=200ms")
-			out := &lockedBuffer{}
+			out := &testenv.Buffer{}
 			cmd.Stdout, cmd.Stderr = out, out
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
