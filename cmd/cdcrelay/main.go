@@ -23,6 +23,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
 
@@ -169,5 +170,19 @@ func migrate(ctx context.Context, stderr io.Writer) error {
 		return err
 	}
 	log.Info("migrations applied", "files", migrations.Names())
+	// The files create the default publication; a relay configured with
+	// another name or table gets its own here, while migrate runs as the
+	// table's owner (the relay's least-privilege role cannot create it).
+	schema, table, err := config.SplitTable(cfg.Table)
+	if err != nil {
+		return err
+	}
+	created, err := slot.EnsurePublication(ctx, db, slot.Target{Publication: cfg.Publication, Schema: schema, Table: table})
+	if err != nil {
+		return err
+	}
+	if created {
+		log.Info("created publication", "publication", cfg.Publication, "table", cfg.Table)
+	}
 	return nil
 }

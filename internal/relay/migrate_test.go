@@ -1,0 +1,61 @@
+package relay_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
+)
+
+// TestIntegrationMigrate runs `cdcrelay migrate` twice on an empty
+// database with a publication name of its own: the table, its index, the
+// default publication and the configured one exist, insert only, and the
+// second run changes nothing.
+func TestIntegrationMigrate(t *testing.T) {
+	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
+	ctx := context.Background()
+	if err := pg.CreateDatabase(ctx, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		cmd := exec.Command(relayBinary(t), "migrate")
+		cmd.Env = append(os.Environ(), config.Prefix+"DATABASE_URL="+pg.URL("orders"), config.Prefix+"PUBLICATION=cdcrelay_orders")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("migrate: %v\n%s", err, out)
+		}
+	}
+	db, err := pgx.Connect(ctx, pg.URL("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	var index bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE indexname = 'event_outbox_unpublished_idx')`).Scan(&index); err != nil || !index {
+		t.Fatalf("partial index missing (%v)", err)
+	}
+	rows, err := db.Query(ctx, `SELECT p.pubname, p.pubinsert AND NOT (p.pubupdate OR p.pubdelete OR p.pubtruncate), t.tablename
+		FROM pg_publication p JOIN pg_publication_tables t USING (pubname) ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var name, table string
+		var insertOnly bool
+		if err := rows.Scan(&name, &insertOnly, &table); err != nil {
+			t.Fatal(err)
+		}
+		if !insertOnly || table != "event_outbox" {
+			t.Fatalf("publication %s: insert only %v, table %s", name, insertOnly, table)
+		}
+		got = append(got, name)
+	}
+	if len(got) != 2 || got[0] != "cdcrelay_orders" || got[1] != "cdcrelay_outbox" {
+		t.Fatalf("publications %v", got)
+	}
+}
