@@ -4,7 +4,7 @@ GOLANGCI  ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2
 FUZZTIME  ?= 10s
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build demo test test-go test-faults fuzz chart-test lint clean
+.PHONY: build demo test test-go test-faults fuzz chart-test bench lint clean
 
 build:
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/cdcrelay ./cmd/cdcrelay
@@ -37,6 +37,12 @@ fuzz:
 
 chart-test:
 	$(MAKE) -C deploy/helm test
+
+# Measures the relay against the broker's own ceiling in one run (4-5 min):
+# drain, latency, PostgreSQL load and memory; see docs/performance.md.
+# BENCHFLAGS=-quick for a one-minute smoke run.
+bench: build
+	$(GO) run ./cmd/cdcrelay-bench -relay bin/cdcrelay $(BENCHFLAGS)
 
 lint:
 	$(GOLANGCI) run ./...

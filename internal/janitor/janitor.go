@@ -47,7 +47,16 @@ type Janitor struct {
 
 	markSQL string // built once the id column's type is known
 	parkSQL string
+	// unseen counts, per id, the flushes that did not find its row. The
+	// relay can receive a transaction from the slot an instant before its
+	// rows are visible to other sessions, so such an id is tried again at
+	// the next flush, up to maxUnseen times. Only the Run goroutine uses it.
+	unseen map[string]int
 }
+
+// maxUnseen is how many flushes may miss an acked id's row before the mark
+// is given up (at the default interval, about ten seconds).
+const maxUnseen = 20
 
 // New returns a Janitor; its metrics are registered with reg.
 func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
@@ -159,6 +168,8 @@ func (j *Janitor) flush(ctx context.Context, db *pgx.Conn) error {
 	if err := j.flushParked(ctx, db); err != nil {
 		return err
 	}
+	var later []string
+	defer func() { j.retryUnseen(later) }()
 	for {
 		batch := j.take()
 		if len(batch) == 0 {
@@ -169,13 +180,59 @@ func (j *Janitor) flush(ctx context.Context, db *pgx.Conn) error {
 			j.putBack(batch)
 			return err
 		}
-		tag, err := db.Exec(ctx, sql, batch)
-		if err != nil {
+		var marked int64
+		var unseen []string
+		if err := db.QueryRow(ctx, sql, batch).Scan(&marked, &unseen); err != nil {
 			j.putBack(batch)
 			return fmt.Errorf("mark %d events published: %w", len(batch), err)
 		}
-		j.metrics.marked.Add(float64(tag.RowsAffected()))
+		j.metrics.marked.Add(float64(marked))
+		later = append(later, unseen...)
 	}
+}
+
+// retryUnseen queues ids whose rows the last flush could not see for the
+// next one, and gives up on those missed too often (the row was deleted,
+// or is not there at all): they stay unmarked, never wrongly marked.
+func (j *Janitor) retryUnseen(ids []string) {
+	if j.unseen == nil {
+		j.unseen = map[string]int{}
+	}
+	seen := make(map[string]bool, len(ids))
+	var again []string
+	for _, id := range ids {
+		seen[id] = true
+		j.unseen[id]++
+		if j.unseen[id] > maxUnseen {
+			delete(j.unseen, id)
+			j.metrics.dropped.Inc()
+			j.log.Warn("acked event's row not found; left unmarked", "event", id)
+			continue
+		}
+		again = append(again, id)
+	}
+	for id := range j.unseen { // found this time (or not in this flush at all)
+		if !seen[id] && !j.queued(id) {
+			delete(j.unseen, id)
+		}
+	}
+	if len(again) > 0 {
+		j.mu.Lock()
+		j.pending = append(j.pending, again...)
+		j.mu.Unlock()
+	}
+}
+
+// queued reports whether id still waits in pending.
+func (j *Janitor) queued(id string) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, p := range j.pending {
+		if p == id {
+			return true
+		}
+	}
+	return false
 }
 
 // flushParked writes attempts and last_error for parked events. Poison is
@@ -222,7 +279,13 @@ func (j *Janitor) markStatement(ctx context.Context, db *pgx.Conn) (string, erro
 		return "", fmt.Errorf("look up the type of %s.%s: %w", table, j.opts.IDColumn, err)
 	}
 	id := pgx.Identifier{j.opts.IDColumn}.Sanitize()
-	j.markSQL = fmt.Sprintf(`UPDATE %s SET published_at = now() WHERE %s = ANY($1::%s[]) AND published_at IS NULL`, table, id, typ)
+	// One round trip marks the batch and names the ids whose rows this
+	// snapshot cannot see yet (see unseen); rows already marked count as seen.
+	j.markSQL = fmt.Sprintf(`WITH marked AS (
+			UPDATE %[1]s SET published_at = now() WHERE %[2]s = ANY($1::%[3]s[]) AND published_at IS NULL RETURNING 1)
+		SELECT (SELECT count(*) FROM marked),
+		       coalesce((SELECT array_agg(x::text) FROM unnest($1::%[3]s[]) x
+		                 WHERE NOT EXISTS (SELECT 1 FROM %[1]s WHERE %[2]s = x)), '{}')`, table, id, typ)
 	j.parkSQL = fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = left($2, 2000) WHERE %s = $1::%s AND published_at IS NULL`, table, id, typ)
 	return j.markSQL, nil
 }

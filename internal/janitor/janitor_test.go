@@ -60,3 +60,27 @@ func TestParkQueue(t *testing.T) {
 		t.Fatalf("parked queue %+v", j.parked)
 	}
 }
+
+// TestRetryUnseen: an id whose row a flush could not see is queued again,
+// forgotten once found, and dropped (unmarked) after maxUnseen misses.
+func TestRetryUnseen(t *testing.T) {
+	j := newTest(10)
+	j.retryUnseen([]string{"late", "gone"})
+	if got := j.take(); len(got) != 2 {
+		t.Fatalf("not requeued: %v", got)
+	}
+	j.retryUnseen([]string{"gone"}) // "late" was found
+	if _, ok := j.unseen["late"]; ok {
+		t.Fatal("a found id is still counted")
+	}
+	for range maxUnseen - 1 { // misses 3 to maxUnseen+1
+		j.take()
+		j.retryUnseen([]string{"gone"})
+	}
+	if got := j.take(); len(got) != 0 {
+		t.Fatalf("an id missed %d times is still queued: %v", maxUnseen+1, got)
+	}
+	if _, ok := j.unseen["gone"]; ok {
+		t.Fatal("a dropped id is still counted")
+	}
+}

@@ -1,0 +1,135 @@
+// Command cdcrelay-bench is `make bench`: in one run it measures the
+// broker's own ceiling (persistent messages, publisher confirms, one
+// channel, 1,000 in flight) and, against it, the relay binary draining a
+// backlog, its commit-to-consumer latency at a steady rate, the load it
+// and a polling drainer put on PostgreSQL, and its peak memory. Every
+// throughput is reported as a ratio to the ceiling measured in the same
+// run, because absolute figures drift on a shared machine.
+//
+// It starts its own throwaway PostgreSQL cluster (internal/testenv, fsync
+// off), uses the local RabbitMQ with its own exchange and queue (deleted at
+// the end) and runs the relay as a subprocess, as an operator would. It
+// builds nothing itself: pass the binary with -relay (make bench builds it).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	relay          string
+	backlog        int           // events in the drain backlog and in the one large transaction
+	drainerBacklog int           // events the polling drainer drains (it runs at most 400 ev/s)
+	latencyFor     time.Duration // length of each paced latency phase
+	idleFor        time.Duration // idle window for queries/s
+	inflight       int           // publisher confirms in flight, relay and ceiling alike
+	strict         bool          // exit 3 when a target is missed
+	verbose        bool          // latency second by second
+	quietWait      time.Duration // longest wait for a quiet machine before each phase
+	phases         []latencyPhase
+}
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var opts options
+	var quick bool
+	flag.StringVar(&opts.relay, "relay", "bin/cdcrelay", "path to the cdcrelay binary (make build)")
+	flag.IntVar(&opts.backlog, "backlog", 100_000, "events in the backlog drain and in the one large transaction")
+	flag.IntVar(&opts.drainerBacklog, "drainer-backlog", 10_000, "events the polling drainer baseline drains")
+	flag.DurationVar(&opts.latencyFor, "latency", 20*time.Second, "length of each paced latency phase")
+	flag.DurationVar(&opts.idleFor, "idle", 15*time.Second, "idle window for queries per second (the relay's monitor runs every 15s)")
+	flag.IntVar(&opts.inflight, "inflight", 1000, "publisher confirms in flight (CDCRELAY_MAX_IN_FLIGHT and the ceiling publisher)")
+	flag.BoolVar(&quick, "quick", false, "smoke run: -backlog 10000 -drainer-backlog 2000 -latency 5s -idle 5s -quiet-wait 3s unless given")
+	phases := flag.String("phases", defaultPhases, "paced latency phases, RATExEVENTS_PER_TX, comma-separated")
+	flag.DurationVar(&opts.quietWait, "quiet-wait", 20*time.Second, "before each phase, wait up to this long for the machine to go quiet (shared machines)")
+	flag.BoolVar(&opts.verbose, "v", false, "print each latency phase second by second")
+	flag.BoolVar(&opts.strict, "strict", false, "exit with status 3 when a target is missed")
+	flag.Parse()
+	if quick {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["backlog"] {
+			opts.backlog = 10_000
+		}
+		if !set["drainer-backlog"] {
+			opts.drainerBacklog = 2_000
+		}
+		if !set["latency"] {
+			opts.latencyFor = 5 * time.Second
+		}
+		if !set["idle"] {
+			opts.idleFor = 5 * time.Second
+		}
+		if !set["quiet-wait"] {
+			opts.quietWait = 3 * time.Second
+		}
+	}
+	if flag.NArg() > 0 || opts.backlog < 1000 || opts.drainerBacklog < 100 || opts.latencyFor < time.Second ||
+		opts.idleFor < time.Second || opts.inflight < 1 {
+		fmt.Fprintln(os.Stderr, "cdcrelay-bench: want -backlog >= 1000, -drainer-backlog >= 100, -latency and -idle >= 1s, -inflight >= 1")
+		flag.Usage()
+		return 2
+	}
+	var err error
+	if opts.phases, err = parsePhases(*phases); err != nil {
+		fmt.Fprintln(os.Stderr, "cdcrelay-bench: -phases:", err)
+		return 2
+	}
+	if _, err := os.Stat(opts.relay); err != nil {
+		fmt.Fprintf(os.Stderr, "cdcrelay-bench: relay binary: %v (build it with: make build)\n", err)
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // a second Ctrl-C kills us if cleanup hangs
+	}()
+
+	began := time.Now()
+	res, err := runBench(ctx, opts)
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(os.Stderr, "cdcrelay-bench: interrupted")
+			return 130
+		}
+		fmt.Fprintln(os.Stderr, "cdcrelay-bench:", err)
+		return 1
+	}
+	rows := res.rows(opts)
+	fmt.Fprintln(stdout)
+	fmt.Fprint(stdout, formatTable(tableHeader, rows))
+	fmt.Fprintln(stdout)
+	fmt.Fprint(stdout, res.notes(opts))
+	fmt.Fprintf(stdout, "\nbench took %s\n", time.Since(began).Round(time.Second))
+	if missed := missedTargets(rows); len(missed) > 0 {
+		fmt.Fprintf(stdout, "targets missed: %v\n", missed)
+		if opts.strict {
+			return 3
+		}
+	}
+	return 0
+}
+
+// stdout is where the bench reports; a program, its output is for a person.
+var stdout io.Writer = os.Stdout
+
+// errStopped is returned when the relay process exits during a phase.
+var errStopped = errors.New("relay exited")
+
+// say prints a progress line.
+func say(format string, args ...any) {
+	fmt.Fprintf(stdout, "bench | %s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}

@@ -1,0 +1,380 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// monitorInterval is the relay's default CDCRELAY_MONITOR_INTERVAL: while
+// idle, the monitor's one query per interval is all the relay may run on
+// the primary (the janitor runs nothing when there is nothing to mark, and
+// retention runs hourly).
+const monitorInterval = 15 * time.Second
+
+// rssTarget is the most memory the relay may hold (DESIGN.md invariant 6:
+// memory bounded by the in-flight window).
+const rssTarget = 64 << 20
+
+// drainTarget is the least fraction of the broker ceiling a drain must reach.
+const drainTarget = 0.9
+
+// rateResult is a timed delivery of a known set of events.
+type rateResult struct {
+	events     int
+	took       time.Duration // from the start (or COMMIT) until the consumer had every event
+	firstAfter time.Duration // from the start until the first event arrived
+	use        usage
+	duplicates int
+}
+
+func (r rateResult) rate() float64 {
+	if r.took <= 0 {
+		return 0
+	}
+	return float64(r.events) / r.took.Seconds()
+}
+
+// per10k scales a CPU time spent on r's events to 10,000 events.
+func (r rateResult) per10k(d time.Duration) float64 {
+	if r.events == 0 {
+		return 0
+	}
+	return d.Seconds() / float64(r.events) * 10_000
+}
+
+// latencyResult is one paced phase.
+type latencyResult struct {
+	phase         latencyPhase
+	events        int
+	achieved      float64 // events/s actually inserted (or published)
+	p50, p99, max time.Duration
+	use           usage
+	duplicates    int
+}
+
+// idleResult is what a role ran on the primary while idle.
+type idleResult struct {
+	calls  int64
+	window time.Duration
+}
+
+func (i idleResult) perSecond() float64 {
+	if i.window <= 0 {
+		return 0
+	}
+	return float64(i.calls) / i.window.Seconds()
+}
+
+// allowed is the most monitor queries a window can hold: one per interval,
+// plus one for a window that straddles two ticks.
+func (i idleResult) allowed() int64 {
+	return int64(i.window/monitorInterval) + 1
+}
+
+type results struct {
+	machine      machineInfo
+	payloadBytes int
+	ceilings     [2]rateResult
+	drain        rateResult
+	markedAfter  time.Duration // the janitor marked the last row this long after the last delivery
+	rssBacklog   int64
+	bigTx        rateResult
+	rssBigTx     int64
+	lat, ref     []latencyResult
+	idleRelay    idleResult
+	idleDrainer  idleResult
+	drainer      rateResult
+	passThrough  []string
+	relayLog     []string // what the relays logged (LOG_LEVEL=warn: warnings and errors)
+}
+
+// ceiling is the reference throughput: the better of the two ceiling runs
+// (one before and one after the relay's drain). Other load on the machine
+// only ever lowers a ceiling, so the better run is the closer estimate, and
+// the stricter reference for the relay.
+func (r *results) ceiling() float64 {
+	return r.bestCeiling().rate()
+}
+
+// bestCeiling is the ceiling run the reference comes from.
+func (r *results) bestCeiling() rateResult {
+	if r.ceilings[1].rate() > r.ceilings[0].rate() {
+		return r.ceilings[1]
+	}
+	return r.ceilings[0]
+}
+
+// noisyCeiling says the two ceiling runs differ by more than a quarter:
+// something else loaded the machine or the broker during one of them.
+func (r *results) noisyCeiling() bool {
+	a, b := r.ceilings[0].rate(), r.ceilings[1].rate()
+	return min(a, b) < 0.75*max(a, b)
+}
+
+// ourCPU is the CPU our processes spent per 10,000 messages in a window:
+// the broker, PostgreSQL, the relay and the bench (publisher, consumer).
+func ourCPU(r rateResult) float64 {
+	u := r.use
+	return r.per10k(u.broker + u.pg + u.relay + u.bench)
+}
+
+var tableHeader = []string{"measure", "relay", "reference", "ratio", "target", "ok"}
+
+// rows is the report's main table.
+func (r *results) rows(opts options) [][]string {
+	ceil := r.ceiling()
+	n := thousands(opts.backlog)
+	out := [][]string{
+		{fmt.Sprintf("broker ceiling: persistent, confirms, 1 channel, %d in flight", opts.inflight), "",
+			fmt.Sprintf("%s msg/s", thousands(int(ceil))), "", "", ""},
+		{fmt.Sprintf("drain of a %s-event backlog (relay start → consumer has all)", n),
+			evs(r.drain.rate()), "broker ceiling", ratio(r.drain.rate(), ceil),
+			fmt.Sprintf("≥ %.2f", drainTarget), ok(r.drain.rate() >= drainTarget*ceil)},
+		{fmt.Sprintf("one %s-row transaction (COMMIT → consumer has all)", n),
+			evs(r.bigTx.rate()), "broker ceiling", ratio(r.bigTx.rate(), ceil), "", ""},
+	}
+	for i, l := range r.lat {
+		ref := r.ref[i]
+		name := fmt.Sprintf("%s ev/s, %d/tx", thousands(l.phase.rate), l.phase.perTx)
+		out = append(out,
+			[]string{"commit → consumer p50, " + name, ms(l.p50), ms(ref.p50) + " broker alone", ratio(l.p50.Seconds(), ref.p50.Seconds()), "", ""},
+			[]string{"commit → consumer p99, " + name, ms(l.p99), ms(ref.p99) + " broker alone", ratio(l.p99.Seconds(), ref.p99.Seconds()),
+				target(l.phase.p99Target), okIf(l.phase.p99Target > 0, l.p99 <= l.phase.p99Target)},
+			[]string{"commit → consumer max, " + name, ms(l.max), ms(ref.max) + " broker alone", ratio(l.max.Seconds(), ref.max.Seconds()), "", ""},
+			[]string{"paced insert rate achieved, " + name, evs(l.achieved), evs(float64(l.phase.rate)) + " asked", ratio(l.achieved, float64(l.phase.rate)), "", ""},
+		)
+	}
+	relayCPU, drainerCPU := r.drain.per10k(r.drain.use.pg), r.drainer.per10k(r.drainer.use.pg)
+	if best := r.bestCeiling(); best.use.broker > 0 {
+		out = append(out, []string{"CPU per 10,000 messages moved, RabbitMQ+PostgreSQL+relay+bench (core-s)",
+			fmt.Sprintf("%.2f s drain", ourCPU(r.drain)), fmt.Sprintf("%.2f s ceiling", ourCPU(best)), ratio(ourCPU(r.drain), ourCPU(best)), "", ""})
+	}
+	out = append(out,
+		[]string{"backlog drain: relay vs polling drainer", evs(r.drain.rate()), evs(r.drainer.rate()) + " drainer", ratio(r.drain.rate(), r.drainer.rate()), "", ""},
+		[]string{"PostgreSQL CPU s per 10,000 events (draining)", fmt.Sprintf("%.3f s", relayCPU), fmt.Sprintf("%.3f s drainer", drainerCPU), ratio(relayCPU, drainerCPU), "", ""},
+		[]string{"PostgreSQL statements/s while idle (pg_stat_statements)",
+			fmt.Sprintf("%.3f /s (%d in %s)", r.idleRelay.perSecond(), r.idleRelay.calls, r.idleRelay.window.Round(time.Second)),
+			fmt.Sprintf("%.2f /s drainer", r.idleDrainer.perSecond()), ratio(r.idleRelay.perSecond(), r.idleDrainer.perSecond()),
+			fmt.Sprintf("≤ 1 per %s (monitor)", monitorInterval), ok(r.idleRelay.calls <= r.idleRelay.allowed())},
+		[]string{fmt.Sprintf("relay peak RSS (VmHWM), %s-event backlog", n), mib(r.rssBacklog), "", "", "≤ " + mib(rssTarget), ok(r.rssBacklog <= rssTarget)},
+		[]string{fmt.Sprintf("relay peak RSS (VmHWM), one %s-row transaction", n), mib(r.rssBigTx), "", "", "≤ " + mib(rssTarget), ok(r.rssBigTx <= rssTarget)},
+	)
+	return out
+}
+
+// notes are the details behind the table: the machine, every window's CPU
+// and the definitions.
+func (r *results) notes(opts options) string {
+	m := r.machine
+	var b strings.Builder
+	fmt.Fprintf(&b, "date:       %s\n", m.date.Format(time.RFC3339))
+	fmt.Fprintf(&b, "machine:    %d CPUs, %s, %s RAM, Linux %s, load average %s at start, %s at end\n", m.cpus, m.model, m.memory, m.kernel, m.loadStart, m.loadEnd)
+	fmt.Fprintf(&b, "software:   relay built with %s, bench %s, PostgreSQL %s (throwaway cluster, fsync=off), RabbitMQ %s (shared local broker)\n", m.goRelay, m.goBench, m.postgres, m.rabbitmq)
+	fmt.Fprintf(&b, "sizes:      backlog %s, drainer backlog %s, latency phases %s each, idle windows %s, payload %d bytes, %d in flight\n",
+		thousands(opts.backlog), thousands(opts.drainerBacklog), opts.latencyFor, opts.idleFor, r.payloadBytes, opts.inflight)
+	if len(r.passThrough) > 0 {
+		fmt.Fprintf(&b, "relay env:  %s (from the caller's environment)\n", strings.Join(r.passThrough, " "))
+	}
+	fmt.Fprintf(&b, "ceiling:    run 1 %s msg/s, run 2 %s msg/s (the reference is the better run)", thousands(int(r.ceilings[0].rate())), thousands(int(r.ceilings[1].rate())))
+	if r.noisyCeiling() {
+		b.WriteString(": NOISY, the runs differ by more than 25%; other load on the machine or the shared broker")
+	}
+	b.WriteString("\n")
+	if best := r.bestCeiling(); best.use.broker > 0 {
+		fmt.Fprintf(&b, "CPU cost:   per 10,000 messages, core-seconds of RabbitMQ+PostgreSQL+relay+bench: ceiling %.2f (RabbitMQ %.2f), relay drain %.2f\n"+
+			"            (RabbitMQ %.2f, PostgreSQL %.2f, relay %.2f, consumer %.2f): CPU-bound, the drain can reach about %.2f of the ceiling\n",
+			ourCPU(best), best.per10k(best.use.broker), ourCPU(r.drain), r.drain.per10k(r.drain.use.broker), r.drain.per10k(r.drain.use.pg),
+			r.drain.per10k(r.drain.use.relay), r.drain.per10k(r.drain.use.bench), ourCPU(best)/ourCPU(r.drain))
+	}
+	fmt.Fprintf(&b, "drain:      %s events in %s, first delivery %s after the relay started, janitor marked the last row %s after the last delivery\n",
+		thousands(r.drain.events), r.drain.took.Round(time.Millisecond), ms(r.drain.firstAfter), r.markedAfter.Round(time.Millisecond))
+	fmt.Fprintf(&b, "big tx:     first delivery %s after COMMIT returned (the client reads the RETURNING rows after the commit; ~0), all %s in %s\n",
+		ms(r.bigTx.firstAfter), thousands(r.bigTx.events), r.bigTx.took.Round(time.Millisecond))
+	fmt.Fprintf(&b, "relay CPU:  %.2f s per 10,000 events draining the backlog, %.2f s in the large transaction", r.drain.per10k(r.drain.use.relay), r.bigTx.per10k(r.bigTx.use.relay))
+	for _, l := range r.lat {
+		fmt.Fprintf(&b, ", %.2f s at %s ev/s", rateResult{events: l.events}.per10k(l.use.relay), thousands(l.phase.rate))
+	}
+	b.WriteString("\n")
+
+	d := r.drain.duplicates + r.bigTx.duplicates + r.drainer.duplicates
+	for _, l := range r.lat {
+		d += l.duplicates
+	}
+	if d > 0 {
+		fmt.Fprintf(&b, "duplicates: %d redelivered events (the relay restarted a session?)\n", d)
+	}
+	if len(r.relayLog) == 0 {
+		b.WriteString("relay log:  nothing at warn level or above (no session restarts, no janitor errors)\n")
+	} else {
+		fmt.Fprintf(&b, "relay log:  %d lines at warn level or above, the last ones:\n", len(r.relayLog))
+		for _, l := range r.relayLog[max(0, len(r.relayLog)-10):] {
+			fmt.Fprintf(&b, "            %s\n", l)
+		}
+	}
+	b.WriteString("latency:    consumer arrival minus the time COMMIT returned to the inserting client (one statement per transaction,\n" +
+		"            prepared); the broker-alone reference is arrival minus the time just before the publish call, same rate and batching\n\n")
+	b.WriteString("where the CPU went (core-seconds; load before = busy cores in the second before the window, the bench idle;\n" +
+		"machine = every process on the box; rest = everything else that ran, such as other people's tests on a shared machine):\n\n")
+	windows := []namedUsage{
+		{"broker ceiling run 1", r.ceilings[0].use},
+		{"broker ceiling run 2", r.ceilings[1].use},
+		{"relay backlog drain", r.drain.use},
+		{"relay one large transaction", r.bigTx.use},
+	}
+	for i := range r.lat {
+		name := fmt.Sprintf("%s ev/s", thousands(r.lat[i].phase.rate))
+		windows = append(windows, namedUsage{"relay latency " + name, r.lat[i].use}, namedUsage{"broker-alone latency " + name, r.ref[i].use})
+	}
+	windows = append(windows, namedUsage{"polling drainer drain", r.drainer.use})
+	rows := make([][]string, 0, len(windows))
+	for _, w := range windows {
+		u := w.u
+		machine := u.busyCores * u.wall.Seconds()
+		rest := machine - u.pg.Seconds() - u.relay.Seconds() - u.bench.Seconds() - u.broker.Seconds()
+		rows = append(rows, []string{w.name, fmt.Sprintf("%.2f", u.background), fmt.Sprintf("%.1f s", u.wall.Seconds()),
+			fmt.Sprintf("%.2f of %d cores", u.busyCores, m.cpus),
+			fmt.Sprintf("%.1f", machine), fmt.Sprintf("%.1f", u.broker.Seconds()), fmt.Sprintf("%.1f", u.pg.Seconds()),
+			fmt.Sprintf("%.1f", u.relay.Seconds()), fmt.Sprintf("%.1f", u.bench.Seconds()), fmt.Sprintf("%.1f", rest)})
+	}
+	b.WriteString(formatTable([]string{"window", "load before", "wall", "busy", "machine", "RabbitMQ", "PostgreSQL", "relay", "bench", "rest"}, rows))
+	return b.String()
+}
+
+type namedUsage struct {
+	name string
+	u    usage
+}
+
+// missedTargets lists the measures whose ok column says NO.
+func missedTargets(rows [][]string) []string {
+	var out []string
+	for _, r := range rows {
+		if r[len(r)-1] == "NO" {
+			out = append(out, r[0])
+		}
+	}
+	return out
+}
+
+// summary is a latency distribution.
+type summary struct {
+	n             int
+	p50, p99, max time.Duration
+}
+
+func summarize(d []time.Duration) summary {
+	if len(d) == 0 {
+		return summary{}
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return summary{n: len(s), p50: percentile(s, 0.50), p99: percentile(s, 0.99), max: s[len(s)-1]}
+}
+
+// percentile is the nearest-rank percentile of an ascending slice: the
+// smallest value with at least p of the values at or below it.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// formatTable renders a Markdown table whose columns line up in a terminal.
+func formatTable(header []string, rows [][]string) string {
+	width := make([]int, len(header))
+	for _, r := range append([][]string{header}, rows...) {
+		for i, c := range r {
+			width[i] = max(width[i], len([]rune(c)))
+		}
+	}
+	var b strings.Builder
+	line := func(cells []string) {
+		b.WriteString("|")
+		for i := range header {
+			c := ""
+			if i < len(cells) {
+				c = cells[i]
+			}
+			b.WriteString(" " + c + strings.Repeat(" ", width[i]-len([]rune(c))) + " |")
+		}
+		b.WriteString("\n")
+	}
+	line(header)
+	sep := make([]string, len(header))
+	for i := range sep {
+		sep[i] = strings.Repeat("-", width[i])
+	}
+	line(sep)
+	for _, r := range rows {
+		line(r)
+	}
+	return b.String()
+}
+
+// ratio formats a/b, or "n/a" when b is zero.
+func ratio(a, b float64) string {
+	if b == 0 || math.IsNaN(a) || math.IsNaN(b) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+// okIf is ok(met) when there is a target, else empty.
+func okIf(hasTarget, met bool) string {
+	if !hasTarget {
+		return ""
+	}
+	return ok(met)
+}
+
+func target(d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	return "≤ " + ms(d)
+}
+
+func ok(met bool) string {
+	if met {
+		return "yes"
+	}
+	return "NO"
+}
+
+// thousands formats n with comma separators: 100000 → "100,000".
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	if neg {
+		return "-" + s
+	}
+	return s
+}
+
+func evs(rate float64) string { return thousands(int(math.Round(rate))) + " ev/s" }
+
+// ms formats a duration in milliseconds: two decimals below 10 ms, one below
+// a second, none above.
+func ms(d time.Duration) string {
+	v := float64(d) / float64(time.Millisecond)
+	switch {
+	case math.Abs(v) < 10:
+		return fmt.Sprintf("%.2f ms", v)
+	case math.Abs(v) < 1000:
+		return fmt.Sprintf("%.1f ms", v)
+	default:
+		return fmt.Sprintf("%s ms", thousands(int(math.Round(v))))
+	}
+}
+
+func mib(bytes int64) string { return fmt.Sprintf("%.1f MiB", float64(bytes)/(1<<20)) }
