@@ -46,7 +46,7 @@ func Check(ev *wal.Event, maxMessageBytes int64) string {
 		return fmt.Sprintf("exchange name is %d bytes; AMQP allows %d", len(ev.Exchange), maxShortString)
 	case int64(len(ev.Payload)) > maxMessageBytes:
 		return fmt.Sprintf("payload is %d bytes, above CDCRELAY_MAX_MESSAGE_BYTES (%d)", len(ev.Payload), maxMessageBytes)
-	case !json.Valid(ev.Payload):
+	case len(ev.Payload) == 0 || (!ev.PayloadIsJSON && !json.Valid(ev.Payload)):
 		return "payload is not valid JSON"
 	}
 	return ""

@@ -21,6 +21,7 @@ func TestCheck(t *testing.T) {
 		{"exchange too long", wal.Event{Exchange: long, Payload: []byte(`{}`)}, "exchange name is 256 bytes"},
 		{"not JSON", wal.Event{Payload: []byte(`hello`)}, "not valid JSON"},
 		{"empty payload", wal.Event{Payload: nil}, "not valid JSON"},
+		{"jsonb payload is not validated again", wal.Event{Payload: []byte(`{"x":1}`), PayloadIsJSON: true}, ""},
 		{"too large", wal.Event{Payload: []byte(`"` + strings.Repeat("x", 2000) + `"`)}, "above CDCRELAY_MAX_MESSAGE_BYTES"},
 	}
 	for _, tt := range tests {

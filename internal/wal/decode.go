@@ -37,6 +37,9 @@ type Event struct {
 	CommitTime time.Time
 	Index      int    // position of the event among the outbox rows of its transaction
 	Seq        uint64 // position in the session's stream, assigned by the watermark tracker
+	// PayloadIsJSON is set when the payload column is json or jsonb, whose
+	// values PostgreSQL has already validated.
+	PayloadIsJSON bool
 	// Problem, when set, says why the row cannot become a message (a NULL
 	// routing key or payload). Such a row is poison: it is handled by the
 	// poison policy, never published as is.
@@ -85,6 +88,7 @@ type relation struct {
 	outbox                                       bool
 	id, key, payload, headers, exchange, msgType int
 	columns                                      int
+	payloadIsJSON                                bool
 	problem                                      error
 }
 
@@ -141,6 +145,11 @@ func (d *Decoder) resolve(m *Relation) *relation {
 	}
 	rel.id, rel.key, rel.payload = index(d.mapping.ID), index(d.mapping.RoutingKey), index(d.mapping.Payload)
 	rel.headers, rel.exchange, rel.msgType = index(d.mapping.Headers), index(d.mapping.Exchange), index(d.mapping.MessageType)
+	// PostgreSQL type OIDs of json and jsonb.
+	if rel.payload >= 0 {
+		oid := m.Columns[rel.payload].TypeOID
+		rel.payloadIsJSON = oid == 114 || oid == 3802
+	}
 	for _, req := range []struct {
 		name string
 		at   int
@@ -170,7 +179,7 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	if len(m.Tuple) != rel.columns {
 		return Step{}, fmt.Errorf("%w: row has %d columns, relation has %d", ErrSchema, len(m.Tuple), rel.columns)
 	}
-	ev := Event{CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, Index: d.index}
+	ev := Event{CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, Index: d.index, PayloadIsJSON: rel.payloadIsJSON}
 	var err error
 	// Without an id the row cannot even be parked: stop.
 	if ev.ID, err = d.text(m.Tuple, rel.id, d.mapping.ID); err != nil {

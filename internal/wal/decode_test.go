@@ -42,6 +42,9 @@ func TestDecoder(t *testing.T) {
 				if ev.CommitLSN != 0x500 || ev.Index != 0 {
 					t.Fatalf("commit lsn %s index %d", ev.CommitLSN, ev.Index)
 				}
+				if ev.PayloadIsJSON {
+					t.Fatal("a text payload column flagged as JSON")
+				}
 				if steps[3].Commit.TransactionEndLSN != pglogrepl.LSN(0x530) {
 					t.Fatalf("end lsn %s", steps[3].Commit.TransactionEndLSN)
 				}
