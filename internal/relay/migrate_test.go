@@ -4,7 +4,9 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -58,4 +60,35 @@ func TestIntegrationMigrate(t *testing.T) {
 	if len(got) != 2 || got[0] != "cdcrelay_orders" || got[1] != "cdcrelay_outbox" {
 		t.Fatalf("publications %v", got)
 	}
+}
+
+// TestIntegrationPublicationBeforeSlot: on a database with the outbox
+// table but neither publication nor slot, a relay whose role may create the
+// publication creates it first, then the slot, and streams (DESIGN.md
+// invariant 7: decoding a slot whose publication is missing fails).
+func TestIntegrationPublicationBeforeSlot(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, `DROP PUBLICATION cdcrelay_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	r := e.startRelay(map[string]string{"DATABASE_URL": e.dbURL}) // the table's owner
+	r.waitStreaming(t)
+	var insertOnly bool
+	err := e.db.QueryRow(ctx, `
+		SELECT p.pubinsert AND NOT (p.pubupdate OR p.pubdelete OR p.pubtruncate)
+		FROM pg_publication p JOIN pg_publication_tables t USING (pubname)
+		WHERE pubname = 'cdcrelay_outbox' AND t.tablename = 'event_outbox'`).Scan(&insertOnly)
+	if err != nil {
+		t.Fatalf("publication for event_outbox not created: %v", err)
+	}
+	if !insertOnly {
+		t.Fatal("the relay created a publication that is not insert-only")
+	}
+	if !strings.Contains(r.logs.String(), "created publication") ||
+		strings.Index(r.logs.String(), "created publication") > strings.Index(r.logs.String(), "created replication slot") {
+		t.Fatalf("publication not created before the slot:\n%s", r.logs.String())
+	}
+	rows, _ := insertTxns(t, e.db, "k", 10)
+	waitAll(t, e.consumer, rows, 30*time.Second)
 }
