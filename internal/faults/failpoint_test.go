@@ -64,16 +64,20 @@ func TestFailpointKillBeforeStatus(t *testing.T) {
 // waitFailpoint waits until the process has killed itself at name.
 func (p *process) waitFailpoint(t *testing.T, name string) {
 	t.Helper()
-	select {
-	case err := <-p.done:
-		p.done <- err
-		if !killed(err) {
-			t.Fatalf("relay exited with %v before failpoint %s", err, name)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if done, err := p.Exited(); done {
+			if !killed(err) {
+				t.Fatalf("relay exited with %v before failpoint %s", err, name)
+			}
+			break
 		}
-	case <-time.After(60 * time.Second):
-		t.Fatalf("failpoint %s never fired within 60s: is failpoint.Hit(%q) wired into the relay's code? (internal/failpoint)", name, name)
+		if time.Now().After(deadline) {
+			t.Fatalf("failpoint %s never fired within 60s: is failpoint.Hit(%q) wired into the relay's code? (internal/failpoint)", name, name)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if !strings.Contains(p.log.String(), "failpoint "+name+" hit") {
+	if !strings.Contains(p.Log.String(), "failpoint "+name+" hit") {
 		t.Fatalf("relay died by SIGKILL but not at failpoint %s", name)
 	}
 }

@@ -79,9 +79,7 @@ func relayBinary(t *testing.T, race bool, tags string) string {
 
 // process is the relay binary running as a child process.
 type process struct {
-	cmd      *exec.Cmd
-	done     chan error
-	log      *testenv.Buffer
+	*testenv.Process
 	httpAddr string
 }
 
@@ -103,71 +101,23 @@ func (w *world) startProcess(o processOptions) *process {
 	for k, v := range o.Extra {
 		extra[k] = v
 	}
-	cmd := exec.Command(bin, "run")
-	cmd.Env = os.Environ()
+	env := os.Environ()
 	for k, v := range w.vars(extra) {
-		cmd.Env = append(cmd.Env, config.Prefix+k+"="+v)
+		env = append(env, config.Prefix+k+"="+v)
 	}
-	cmd.Env = append(cmd.Env, o.Env...)
-	p := &process{cmd: cmd, done: make(chan error, 1), log: &testenv.Buffer{}, httpAddr: "127.0.0.1:" + strconv.Itoa(port)}
-	cmd.Stdout, cmd.Stderr = p.log, p.log
-	if err := cmd.Start(); err != nil {
-		w.t.Fatal(err)
-	}
-	go func() { p.done <- cmd.Wait() }()
-	w.t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		err := <-p.done
-		p.done <- err
-		if w.t.Failed() {
-			w.t.Logf("relay process log (last 60 lines):\n%s", tail(p.log.String(), 60))
-		}
-	})
-	return p
+	env = append(env, o.Env...)
+	return &process{Process: testenv.StartProcess(w.t, bin, env, "run"), httpAddr: "127.0.0.1:" + strconv.Itoa(port)}
 }
 
 // kill sends SIGKILL and waits for the process to end.
 func (p *process) kill(t *testing.T) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := p.Cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		t.Fatal(err)
 	}
-	if err := p.wait(t, 10*time.Second); !killed(err) {
+	if err := p.Wait(t, 10*time.Second); !killed(err) {
 		t.Fatalf("relay exit after SIGKILL: %v", err)
 	}
-}
-
-// wait returns the exit error once the process ends.
-func (p *process) wait(t *testing.T, within time.Duration) error {
-	t.Helper()
-	select {
-	case err := <-p.done:
-		p.done <- err
-		return err
-	case <-time.After(within):
-		t.Fatalf("relay process still running after %s", within)
-		return nil
-	}
-}
-
-// exited reports whether the process has ended, and how.
-func (p *process) exited() (bool, error) {
-	select {
-	case err := <-p.done:
-		p.done <- err
-		return true, err
-	default:
-		return false, nil
-	}
-}
-
-func killed(err error) bool {
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		return false
-	}
-	ws, ok := ee.Sys().(syscall.WaitStatus)
-	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
 
 // metrics scrapes the process's /metrics and returns name -> summed value
@@ -274,4 +224,14 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// killed reports whether err is the exit of a process killed by SIGKILL.
+func killed(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }

@@ -32,7 +32,7 @@ func TestBacklogMemoryBounded(t *testing.T) {
 	p := w.startProcess(processOptions{Extra: map[string]string{
 		"AMQP_URL": "amqp://guest:guest@" + link.Addr() + "/", "LOG_LEVEL": "warn",
 	}})
-	pid := p.cmd.Process.Pid
+	pid := p.Cmd.Process.Pid
 	waitSlotActive(t, w.db, 30*time.Second)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
@@ -84,7 +84,7 @@ func TestBacklogMemoryBounded(t *testing.T) {
 	drained := time.Since(fast)
 	close(stop)
 	<-sampled
-	if exited, err := p.exited(); exited {
+	if exited, err := p.Exited(); exited {
 		t.Fatalf("relay exited: %v", err)
 	}
 	_, peak, err := rssKiB(pid)

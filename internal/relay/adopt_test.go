@@ -95,10 +95,10 @@ func TestIntegrationAdoptionInterrupted(t *testing.T) {
 	old := backlog(t, e.db, "backlog", 20000)
 	p := e.startProcess(map[string]string{"MAX_IN_FLIGHT": "50"})
 	testenv.WaitCount(t, e.consumer, 2000, time.Minute)
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	_ = p.wait(t, 10*time.Second)
+	_ = p.Wait(t, 10*time.Second)
 	if got := e.consumer.Count(); got >= len(old) {
 		t.Fatalf("the backlog was done (%d deliveries) before the kill; the test did not interrupt it", got)
 	}
@@ -107,8 +107,8 @@ func TestIntegrationAdoptionInterrupted(t *testing.T) {
 	p = e.startProcess(nil)
 	waitAll(t, e.consumer, all, 2*time.Minute)
 	waitMarked(t, e, all, 30*time.Second)
-	if !strings.Contains(p.log.String(), "adoption of this slot was interrupted") {
-		t.Fatalf("restart did not report the interrupted adoption:\n%s", p.log.String())
+	if !strings.Contains(p.Log.String(), "adoption of this slot was interrupted") {
+		t.Fatalf("restart did not report the interrupted adoption:\n%s", p.Log.String())
 	}
 	dups := report(t, all, e.consumer.Deliveries())
 	t.Logf("adoption killed after ~2000 of %d: 0 missing, %d duplicates", len(old), dups)
@@ -282,7 +282,7 @@ func TestIntegrationHotStandby(t *testing.T) {
 	stop := make(chan struct{})
 	during := keepInserting(t, e, "ha", stop)
 	testenv.WaitCount(t, e.consumer, 200, 30*time.Second)
-	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := a.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()

@@ -336,48 +336,14 @@ func relayBinary(t *testing.T) string {
 	return binPath
 }
 
-// process is the relay binary running as a child process.
-type process struct {
-	cmd  *exec.Cmd
-	done chan error
-	log  *testenv.Buffer
-}
-
-func (e *env) startProcess(extra map[string]string) *process {
+// startProcess runs the relay binary with this test's environment.
+func (e *env) startProcess(extra map[string]string) *testenv.Process {
 	e.t.Helper()
-	cmd := exec.Command(relayBinary(e.t), "run")
-	cmd.Env = os.Environ()
+	env := os.Environ()
 	for k, v := range e.vars(extra) {
-		cmd.Env = append(cmd.Env, config.Prefix+k+"="+v)
+		env = append(env, config.Prefix+k+"="+v)
 	}
-	p := &process{cmd: cmd, done: make(chan error, 1), log: &testenv.Buffer{}}
-	cmd.Stdout, cmd.Stderr = p.log, p.log
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	go func() { p.done <- cmd.Wait() }()
-	e.t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
-		p.done <- nil
-		if e.t.Failed() {
-			e.t.Logf("relay process log:\n%s", p.log.String())
-		}
-	})
-	return p
-}
-
-// wait returns the exit error once the process ends.
-func (p *process) wait(t *testing.T, within time.Duration) error {
-	t.Helper()
-	select {
-	case err := <-p.done:
-		p.done <- err
-		return err
-	case <-time.After(within):
-		t.Fatalf("relay process still running after %s", within)
-		return nil
-	}
+	return testenv.StartProcess(e.t, relayBinary(e.t), env, "run")
 }
 
 func isExit(err error, code int) bool {

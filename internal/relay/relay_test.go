@@ -75,10 +75,10 @@ func TestIntegrationSIGKILLMidStream(t *testing.T) {
 		inserted <- result{all, nil}
 	}()
 	testenv.WaitCount(t, e.consumer, 1000, time.Minute)
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.wait(t, 10*time.Second); isExit(err, 0) {
+	if err := p.Wait(t, 10*time.Second); isExit(err, 0) {
 		t.Fatal("relay exited cleanly after SIGKILL")
 	}
 	killedAt := e.consumer.Count()
@@ -91,10 +91,10 @@ func TestIntegrationSIGKILLMidStream(t *testing.T) {
 	waitAll(t, e.consumer, rows, 2*time.Minute)
 
 	// A graceful stop exits 0.
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.wait(t, 30*time.Second); !isExit(err, 0) {
+	if err := p.Wait(t, 30*time.Second); !isExit(err, 0) {
 		t.Fatalf("relay exit after SIGTERM: %v", err)
 	}
 	dups := report(t, rows, e.consumer.Deliveries())
