@@ -8,8 +8,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"strings"
+	"strconv"
 
+	"github.com/jackc/pglogrepl"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -22,12 +23,6 @@ const (
 	HeaderTxIndex   = "cdcrelay-tx-index"   // position of the event among its transaction's outbox rows
 	HeaderTrace     = "traceparent"         // W3C trace context, when the row carries one
 )
-
-// envelope is the part of a payload the relay looks at.
-type envelope struct {
-	EventType    string          `json:"event_type"`
-	TraceContext json.RawMessage `json:"trace_context"`
-}
 
 // Message builds the AMQP message for an event: persistent, message_id =
 // outbox id, the commit LSN and index as headers, the row's headers column
@@ -50,17 +45,16 @@ func Message(ev *wal.Event) (amqp.Publishing, error) {
 	// payloads then cost one scan for two short strings, not a JSON parse.
 	if (typ == "" && bytes.Contains(ev.Payload, []byte(`"event_type"`))) ||
 		(headers[HeaderTrace] == nil && bytes.Contains(ev.Payload, []byte(`"trace_context"`))) {
-		var env envelope
-		if json.Unmarshal(ev.Payload, &env) == nil {
+		if envType, trace, ok := envelopeOf(ev.Payload); ok {
 			if typ == "" {
-				typ = env.EventType
+				typ = string(envType)
 			}
-			if tp := traceparent(env.TraceContext); tp != "" && headers[HeaderTrace] == nil {
-				headers[HeaderTrace] = tp
+			if trace != nil && headers[HeaderTrace] == nil {
+				headers[HeaderTrace] = string(trace)
 			}
 		}
 	}
-	headers[HeaderCommitLSN] = ev.CommitLSN.String()
+	headers[HeaderCommitLSN] = lsnText(ev.CommitLSN)
 	headers[HeaderTxIndex] = int64(ev.Index)
 	return amqp.Publishing{
 		Headers:      headers,
@@ -73,40 +67,19 @@ func Message(ev *wal.Event) (amqp.Publishing, error) {
 	}, nil
 }
 
-// traceparent accepts a trace context given as the traceparent string itself
-// or as an object with a "traceparent" member.
-func traceparent(raw json.RawMessage) string {
-	if len(raw) == 0 {
-		return ""
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return validTraceparent(s)
-	}
-	var obj struct {
-		Traceparent string `json:"traceparent"`
-	}
-	if json.Unmarshal(raw, &obj) == nil {
-		return validTraceparent(obj.Traceparent)
-	}
-	return ""
-}
-
-// validTraceparent keeps s only if it has the W3C shape
-// version-traceid-parentid-flags (2-32-16-2 hex digits).
-func validTraceparent(s string) string {
-	parts := strings.Split(s, "-")
-	if len(parts) < 4 || len(parts[0]) != 2 || len(parts[1]) != 32 || len(parts[2]) != 16 || len(parts[3]) != 2 {
-		return ""
-	}
-	for _, p := range parts[:4] {
-		for _, c := range p {
-			if !strings.ContainsRune("0123456789abcdef", c) {
-				return ""
-			}
+// lsnText formats lsn as pglogrepl.LSN.String does ("%X/%X", PostgreSQL's
+// text form) without fmt's boxing and reflection, on every message.
+func lsnText(lsn pglogrepl.LSN) string {
+	var buf [len("FFFFFFFF/FFFFFFFF")]byte
+	b := strconv.AppendUint(buf[:0], uint64(lsn>>32), 16)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, uint64(uint32(lsn)), 16)
+	for i, c := range b {
+		if 'a' <= c && c <= 'f' {
+			b[i] = c - ('a' - 'A') // %X is upper case, strconv lower
 		}
 	}
-	return s
+	return string(b)
 }
 
 // tableValue converts a decoded JSON value to one an AMQP table accepts.

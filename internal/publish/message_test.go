@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -48,6 +49,23 @@ func TestMessage(t *testing.T) {
 		{
 			name: "malformed trace context is not forwarded",
 			ev:   wal.Event{ID: "id1", Payload: []byte(`{"trace_context":"00-zz-11-01"}`)},
+		},
+		{
+			name: "non-string type in the envelope drops its trace context too",
+			ev:   wal.Event{ID: "id1", Payload: []byte(`{"event_type":7,"trace_context":"` + tp + `"}`)},
+		},
+		{
+			// Only "trace_context" brings the payload to the decoder, which
+			// then matches "Event_Type" case-insensitively, as encoding/json does.
+			name:      "case-variant type key read along with the trace context",
+			ev:        wal.Event{ID: "id1", Payload: []byte(`{"Event_Type":"Variant","trace_context":"` + tp + `"}`)},
+			wantType:  "Variant",
+			wantTrace: tp,
+		},
+		{
+			name:     "envelope names inside nested values are ignored",
+			ev:       wal.Event{ID: "id1", Payload: []byte(`{"data":{"event_type":"Inner","trace_context":"` + tp + `"},"event_type":"Outer"}`)},
+			wantType: "Outer",
 		},
 		{
 			name:      "headers column is copied, its traceparent wins",
@@ -97,6 +115,14 @@ func TestMessage(t *testing.T) {
 				t.Fatalf("headers rejected by amqp: %v", err)
 			}
 		})
+	}
+}
+
+func TestLSNText(t *testing.T) {
+	for _, lsn := range []pglogrepl.LSN{0, 1, 0xA, 0x16B3748, 0xFFFFFFFF, 1 << 32, 0x5A3C2F18, 0xABCDEF0123456789, 0x0000000F000000F0, ^pglogrepl.LSN(0)} {
+		if got, want := lsnText(lsn), lsn.String(); got != want {
+			t.Errorf("lsnText(%#x) = %q, want %q", uint64(lsn), got, want)
+		}
 	}
 }
 
