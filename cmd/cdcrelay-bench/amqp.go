@@ -28,41 +28,46 @@ type receipt struct {
 }
 
 // consumer records the message id and arrival time of everything routed to
-// the bench queue; it keeps no bodies, so recording costs next to nothing
-// next to the broker. It does not reconnect: a broker failure fails the
-// bench.
+// the bench queues; it keeps no bodies, so recording costs next to nothing
+// next to the broker. Each queue has its own channel (and so its own
+// prefetch window and delivery tags) on one connection. It does not
+// reconnect: a broker failure fails the bench.
 type consumer struct {
-	conn *amqp.Connection
-	done chan struct{}
+	conn  *amqp.Connection
+	loops sync.WaitGroup // one loop per queue
 
 	mu     sync.Mutex
 	recs   []receipt
 	failed error
 }
 
-func startConsumer(ctx context.Context, url, queue string) (*consumer, error) {
+// startConsumer consumes from every queue in queues, each on its own channel.
+func startConsumer(ctx context.Context, url string, queues ...string) (*consumer, error) {
 	conn, err := testenv.DialAMQP(ctx, url)
 	if err != nil {
 		return nil, err
 	}
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Qos(consumerPrefetch, 0, false)
+	c := &consumer{conn: conn}
+	for _, queue := range queues {
+		ch, err := conn.Channel()
+		if err == nil {
+			err = ch.Qos(consumerPrefetch, 0, false)
+		}
+		var msgs <-chan amqp.Delivery
+		if err == nil {
+			msgs, err = ch.Consume(queue, "cdcrelay-bench", false, true, false, false, nil)
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("consume %s: %w", queue, err), c.close())
+		}
+		c.loops.Add(1)
+		go c.loop(ch, msgs)
 	}
-	var msgs <-chan amqp.Delivery
-	if err == nil {
-		msgs, err = ch.Consume(queue, "cdcrelay-bench", false, true, false, false, nil)
-	}
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("consume %s: %w", queue, err), conn.Close())
-	}
-	c := &consumer{conn: conn, done: make(chan struct{})}
-	go c.loop(ch, msgs)
 	return c, nil
 }
 
 func (c *consumer) loop(ch *amqp.Channel, msgs <-chan amqp.Delivery) {
-	defer close(c.done)
+	defer c.loops.Done()
 	tick := time.NewTicker(consumerAckIdle)
 	defer tick.Stop()
 	var last uint64
@@ -124,7 +129,7 @@ func (c *consumer) reset() {
 
 func (c *consumer) close() error {
 	err := c.conn.Close()
-	<-c.done
+	c.loops.Wait()
 	return err
 }
 

@@ -5,6 +5,7 @@ import (
 	"debug/buildinfo"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
@@ -35,7 +37,7 @@ const (
 )
 
 // bench is one run's world: a throwaway cluster, the bench exchange and
-// queue on the local broker, and the consumer that records arrivals.
+// queues on the local broker, and the consumer that records arrivals.
 type bench struct {
 	opts       options
 	pg         *testenv.Postgres
@@ -47,7 +49,10 @@ type bench struct {
 	amqpURL    string
 	exchange   string
 	queue      string
-	db         *pgx.Conn // superuser: the bench's own statements
+	partQueues []string   // the partitioned drain's queues, one per lane (none when it is skipped)
+	partLanes  [][]string // partLanes[i]: the routing keys of lane i, bound to partQueues[i]
+	partKeys   []string   // partLanes interleaved: the partitioned backlog's keys, round-robin
+	db         *pgx.Conn  // superuser: the bench's own statements
 	ins        *inserter
 	cons       *consumer
 	relay      *relayProc   // the running relay, if any
@@ -106,6 +111,11 @@ func (b *bench) runPhases(ctx context.Context) error {
 	}
 	if err := b.drainBacklog(ctx); err != nil {
 		return fmt.Errorf("backlog drain: %w", err)
+	}
+	if b.opts.channels > 1 {
+		if err := b.partitionedDrain(ctx); err != nil {
+			return fmt.Errorf("partitioned drain: %w", err)
+		}
 	}
 	say("broker ceiling, run 2")
 	if r.ceilings[1], err = b.ceiling(ctx); err != nil {
@@ -197,10 +207,19 @@ func (b *bench) setup(ctx context.Context) error {
 
 	b.exchange = testenv.UniqueName("cdcrelay_bench")
 	b.queue = testenv.UniqueName("cdcrelay_bench_q")
+	if b.opts.channels > 1 {
+		if b.partLanes, err = laneKeys(b.opts.channels, keysPerLane); err != nil {
+			return err
+		}
+		b.partKeys = interleave(b.partLanes)
+		for i := range b.partLanes {
+			b.partQueues = append(b.partQueues, fmt.Sprintf("%s_part%d", b.queue, i))
+		}
+	}
 	if err := b.declare(ctx); err != nil {
 		return err
 	}
-	if b.cons, err = startConsumer(ctx, b.amqpURL, b.queue); err != nil {
+	if b.cons, err = startConsumer(ctx, b.amqpURL, append([]string{b.queue}, b.partQueues...)...); err != nil {
 		return err
 	}
 	b.defer_("stop consumer", func(context.Context) error { return b.cons.close() })
@@ -216,8 +235,11 @@ func (b *bench) setup(ctx context.Context) error {
 	return nil
 }
 
-// declare creates the bench exchange and its durable queue (bound with
-// "#"), and registers their deletion.
+// declare creates the bench exchange, its durable queue bound with
+// mainBinding and, for the partitioned drain, one durable queue per lane
+// bound to exactly that lane's keys; it registers their deletion. The
+// main binding does not match the partitioned keys, so the main queue
+// never holds the partitioned drain's messages.
 func (b *bench) declare(ctx context.Context) error {
 	if err := testenv.DeclareExchange(ctx, b.amqpURL, b.exchange); err != nil {
 		return err
@@ -234,14 +256,27 @@ func (b *bench) declare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := ch.QueueDeclare(b.queue, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare queue: %w", err)
+	bind := func(queue string, keys ...string) error {
+		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare queue: %w", err)
+		}
+		b.defer_("delete queue "+queue, func(ctx context.Context) error {
+			return testenv.DeleteQueue(ctx, b.amqpURL, queue)
+		})
+		for _, key := range keys {
+			if err := ch.QueueBind(queue, key, b.exchange, false, nil); err != nil {
+				return fmt.Errorf("bind queue %s to %s: %w", queue, key, err)
+			}
+		}
+		return nil
 	}
-	b.defer_("delete queue "+b.queue, func(ctx context.Context) error {
-		return testenv.DeleteQueue(ctx, b.amqpURL, b.queue)
-	})
-	if err := ch.QueueBind(b.queue, "#", b.exchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue: %w", err)
+	if err := bind(b.queue, mainBinding); err != nil {
+		return err
+	}
+	for i, q := range b.partQueues {
+		if err := bind(q, b.partLanes[i]...); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -333,6 +368,15 @@ func (w window) until(end window) usage {
 // ceiling publishes opts.backlog relay-shaped messages with confirms and
 // times them until the consumer has all of them.
 func (b *bench) ceiling(ctx context.Context) (rateResult, error) {
+	return b.ceilingOver(ctx, [][]string{{routingKey}})
+}
+
+// ceilingOver publishes opts.backlog messages straight to the broker with
+// one publisher per lane, each its own connection and confirm channel with
+// its share of the in-flight window (as the relay splits it over its
+// channels), lane i's messages round-robin over lanes[i]'s keys, and times
+// them until the consumer has all.
+func (b *bench) ceilingOver(ctx context.Context, lanes [][]string) (rateResult, error) {
 	n := b.opts.backlog
 	want := make(map[string]struct{}, n)
 	ids := make([]string, n)
@@ -345,21 +389,35 @@ func (b *bench) ceiling(ctx context.Context) (rateResult, error) {
 	if err := b.prepare(ctx); err != nil {
 		return rateResult{}, err
 	}
-	pub, err := newConfirmPublisher(ctx, b.amqpURL, b.opts.inflight)
-	if err != nil {
-		return rateResult{}, err
+	pubs := make([]*confirmPublisher, len(lanes))
+	for i := range pubs {
+		pub, err := newConfirmPublisher(ctx, b.amqpURL, max(b.opts.inflight/len(lanes), 1))
+		if err != nil {
+			for _, p := range pubs[:i] {
+				_ = p.finish()
+			}
+			return rateResult{}, err
+		}
+		pubs[i] = pub
 	}
 	before, err := b.sample(0)
 	if err != nil {
 		return rateResult{}, err
 	}
-	for i, id := range ids {
-		if err := pub.publish(ctx, b.exchange, routingKey, benchMessage(id, b.body, b.trace, i%backlogChunk)); err != nil {
-			_ = pub.finish()
-			return rateResult{}, err
-		}
+	var g errgroup.Group
+	for l, pub := range pubs {
+		g.Go(func() error {
+			keys := lanes[l]
+			for i, k := l, 0; i < n; i, k = i+len(lanes), k+1 {
+				if err := pub.publish(ctx, b.exchange, keys[k%len(keys)], benchMessage(ids[i], b.body, b.trace, i%backlogChunk)); err != nil {
+					_ = pub.finish()
+					return err
+				}
+			}
+			return pub.finish()
+		})
 	}
-	if err := pub.finish(); err != nil {
+	if err := g.Wait(); err != nil {
 		return rateResult{}, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, deliveryTimeout(n))
@@ -384,20 +442,31 @@ func deliveryTimeout(n int) time.Duration {
 // stops it: the backlog that follows is in the slot's stream.
 func (b *bench) createSlot(ctx context.Context) error {
 	say("relay creates slot %s, then stops", benchSlot)
-	rp, err := b.startRelay(ctx)
+	rp, err := b.startRelay(ctx, b.relayVars)
 	if err != nil {
 		return err
 	}
 	return b.stopRelay(ctx, rp)
 }
 
-// startRelay starts the relay and waits until it streams from the slot.
-func (b *bench) startRelay(ctx context.Context) (*relayProc, error) {
-	rp, err := startRelay(b.opts.relay, relayEnv(b.relayVars))
+// launch starts the relay with vars (its CDCRELAY_* settings, normally
+// b.relayVars) and keeps it for its log; it does not wait.
+func (b *bench) launch(vars map[string]string) (*relayProc, error) {
+	rp, err := startRelay(b.opts.relay, relayEnv(vars))
 	if err != nil {
 		return nil, err
 	}
 	b.relays = append(b.relays, rp)
+	return rp, nil
+}
+
+// startRelay starts the relay with vars and waits until it streams from
+// the slot.
+func (b *bench) startRelay(ctx context.Context, vars map[string]string) (*relayProc, error) {
+	rp, err := b.launch(vars)
+	if err != nil {
+		return nil, err
+	}
 	if err := b.waitSlot(ctx, true, rp.exited); err != nil {
 		_ = rp.stop(ctx)
 		return nil, errors.Join(err, rp.exitError())
@@ -420,8 +489,14 @@ func (b *bench) waitSlot(ctx context.Context, active bool, exited <-chan struct{
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
+		// Streaming means the slot is active and the adoption marker (a
+		// second slot, the only other one in the bench's cluster) is gone:
+		// a relay stopped before that would redo the adoption at its next
+		// start and publish the next backlog from the snapshot instead of
+		// the stream.
 		var is bool
-		err := b.db.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, benchSlot).Scan(&is)
+		err := b.db.QueryRow(ctx, `SELECT coalesce(bool_or(active AND slot_name = $1), false) AND count(*) = 1
+			FROM pg_replication_slots`, benchSlot).Scan(&is)
 		if err != nil {
 			return fmt.Errorf("wait for slot %s active=%t: %w", benchSlot, active, err)
 		}
@@ -439,11 +514,12 @@ func (b *bench) waitSlot(ctx context.Context, active bool, exited <-chan struct{
 }
 
 // insertBacklog commits n events in transactions of backlogChunk rows and
-// returns their ids.
-func (b *bench) insertBacklog(ctx context.Context, n int) (map[string]struct{}, error) {
+// returns their ids. Their routing keys go round-robin over keys; with no
+// keys, all have routingKey.
+func (b *bench) insertBacklog(ctx context.Context, n int, keys []string) (map[string]struct{}, error) {
 	want := make(map[string]struct{}, n)
 	for done := 0; done < n; {
-		ids, _, err := b.ins.insert(ctx, min(backlogChunk, n-done))
+		ids, _, err := b.ins.insertKeys(ctx, min(backlogChunk, n-done), keys)
 		if err != nil {
 			return nil, err
 		}
@@ -550,48 +626,109 @@ func (b *bench) describeUnmarked() string {
 func (b *bench) drainBacklog(ctx context.Context) error {
 	n := b.opts.backlog
 	say("inserting a backlog of %s events (transactions of %d) with the relay stopped", thousands(n), backlogChunk)
-	want, err := b.insertBacklog(ctx, n)
-	if err != nil {
-		return err
-	}
-	if err := b.prepare(ctx); err != nil {
-		return err
-	}
-	say("starting the relay: drain")
-	before, err := b.sample(0)
-	if err != nil {
-		return err
-	}
-	rp, err := startRelay(b.opts.relay, relayEnv(b.relayVars))
-	if err != nil {
-		return err
-	}
-	b.relays = append(b.relays, rp)
-	b.defer_("stop relay", func(ctx context.Context) error { return rp.stop(ctx) })
-	b.relay = rp
-	before.relayPID = rp.pid()
-	wctx, cancel := context.WithTimeout(ctx, deliveryTimeout(n))
-	defer cancel()
-	a, err := b.cons.waitIDs(wctx, want, rp.exited)
-	if err != nil {
-		return errors.Join(err, rp.exitError())
-	}
-	if err := b.waitMarked(ctx); err != nil {
-		return err
-	}
-	marked := time.Now()
-	after, err := b.sample(rp.pid())
+	want, err := b.insertBacklog(ctx, n, nil)
 	if err != nil {
 		return err
 	}
 	r := b.res
-	r.drain = rateResult{events: n, took: a.last.Sub(rp.started), firstAfter: a.first.Sub(rp.started), use: before.until(after), duplicates: a.duplicates}
-	r.markedAfter = marked.Sub(a.last)
+	rp, marked, err := b.timeDrain(ctx, "drain", b.relayVars, want, &r.drain)
+	if err != nil {
+		return err
+	}
+	r.markedAfter = marked
 	if r.rssBacklog, err = peakRSS(rp.pid()); err != nil {
 		return err
 	}
-	b.cons.reset()
 	say("  %s ev/s (first delivery %s after start), peak RSS %s", thousands(int(r.drain.rate())), ms(r.drain.firstAfter), mib(r.rssBacklog))
+	return nil
+}
+
+// timeDrain times a drain (what) of the backlog want, already committed
+// while the relay was stopped: it waits for a quiet machine, starts the
+// relay with vars, and times it from its start until the consumer has every
+// event. The CPU window runs until the janitor has marked every row, so
+// the next phase starts with nothing left to mark; the janitor's lag
+// after the last delivery is returned. The relay is left running (and
+// registered for teardown).
+func (b *bench) timeDrain(ctx context.Context, what string, vars map[string]string, want map[string]struct{}, res *rateResult) (*relayProc, time.Duration, error) {
+	if err := b.prepare(ctx); err != nil {
+		return nil, 0, err
+	}
+	say("starting the relay: %s", what)
+	before, err := b.sample(0)
+	if err != nil {
+		return nil, 0, err
+	}
+	rp, err := b.launch(vars)
+	if err != nil {
+		return nil, 0, err
+	}
+	b.defer_("stop relay", func(ctx context.Context) error { return rp.stop(ctx) })
+	b.relay = rp
+	before.relayPID = rp.pid()
+	wctx, cancel := context.WithTimeout(ctx, deliveryTimeout(len(want)))
+	defer cancel()
+	a, err := b.cons.waitIDs(wctx, want, rp.exited)
+	if err != nil {
+		return nil, 0, errors.Join(err, rp.exitError())
+	}
+	if err := b.waitMarked(ctx); err != nil {
+		return nil, 0, err
+	}
+	marked := time.Now()
+	after, err := b.sample(rp.pid())
+	if err != nil {
+		return nil, 0, err
+	}
+	*res = rateResult{events: len(want), took: a.last.Sub(rp.started), firstAfter: a.first.Sub(rp.started), use: before.until(after), duplicates: a.duplicates}
+	b.cons.reset()
+	return rp, marked.Sub(a.last), nil
+}
+
+// partitionedDrain measures CDCRELAY_PUBLISH_CHANNELS: the relay drains a
+// backlog of opts.backlog events spread round-robin over b.partKeys (each
+// lane's keys bound to its own queue) once with one channel and once with
+// opts.channels, each from a stopped relay, as drainBacklog does. It
+// stops the relay drainBacklog left running and leaves a relay with the
+// bench's usual settings running for the phases that follow.
+func (b *bench) partitionedDrain(ctx context.Context) error {
+	n, r := b.opts.backlog, b.res
+	say("stopping the relay for the partitioned drain: %d routing keys bench.part.*, %d per channel, queue i bound to lane i's keys",
+		len(b.partKeys), keysPerLane)
+	if err := b.stopRelay(ctx, b.relay); err != nil {
+		return err
+	}
+	for i, channels := range []int{1, b.opts.channels} {
+		say("inserting a backlog of %s events over %d keys (transactions of %d) with the relay stopped", thousands(n), len(b.partKeys), backlogChunk)
+		want, err := b.insertBacklog(ctx, n, b.partKeys)
+		if err != nil {
+			return err
+		}
+		vars := maps.Clone(b.relayVars)
+		vars["PUBLISH_CHANNELS"] = strconv.Itoa(channels)
+		what := fmt.Sprintf("drain with CDCRELAY_PUBLISH_CHANNELS=%d to %d queues", channels, len(b.partQueues))
+		rp, _, err := b.timeDrain(ctx, what, vars, want, &r.part[i])
+		if err != nil {
+			return err
+		}
+		say("  %s ev/s (first delivery %s after start)", thousands(int(r.part[i].rate())), ms(r.part[i].firstAfter))
+		if err := b.stopRelay(ctx, rp); err != nil {
+			return err
+		}
+	}
+	say("broker ceiling with %d publishers, one per queue", b.opts.channels)
+	var err error
+	if r.partCeiling, err = b.ceilingOver(ctx, b.partLanes); err != nil {
+		return fmt.Errorf("broker ceiling, %d publishers: %w", b.opts.channels, err)
+	}
+	say("  %s msg/s", thousands(int(r.partCeiling.rate())))
+	say("restarting the relay with the usual settings")
+	rp, err := b.startRelay(ctx, b.relayVars)
+	if err != nil {
+		return err
+	}
+	b.defer_("stop relay", func(ctx context.Context) error { return rp.stop(ctx) })
+	b.relay = rp
 	return nil
 }
 
@@ -768,7 +905,7 @@ func (b *bench) bigTransaction(ctx context.Context) error {
 	if err := b.stopRelay(ctx, b.relay); err != nil {
 		return err
 	}
-	rp, err := b.startRelay(ctx)
+	rp, err := b.startRelay(ctx, b.relayVars)
 	if err != nil {
 		return err
 	}
@@ -823,7 +960,7 @@ func (b *bench) bigTransaction(ctx context.Context) error {
 func (b *bench) pollingDrainer(ctx context.Context) error {
 	m := b.opts.drainerBacklog
 	say("polling drainer (%s tick, LIMIT %d, SKIP LOCKED): backlog of %s events", drainerTick, drainerBatch, thousands(m))
-	want, err := b.insertBacklog(ctx, m)
+	want, err := b.insertBacklog(ctx, m, nil)
 	if err != nil {
 		return err
 	}

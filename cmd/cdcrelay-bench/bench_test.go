@@ -5,10 +5,13 @@ package main
 // never in `make test`, and nothing here asserts anything about time.
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/publish"
 )
 
 func TestPercentile(t *testing.T) {
@@ -226,5 +229,144 @@ func TestListenInode(t *testing.T) {
 	}
 	if _, ok := listenInode(tcp, 5432); ok {
 		t.Fatal("found a listener on a port nobody listens on")
+	}
+}
+
+func TestLaneKeys(t *testing.T) {
+	for _, tt := range []struct{ n, perLane int }{{1, 1}, {2, 4}, {3, 4}, {4, 4}, {5, 2}, {8, 4}, {16, 4}, {maxChannels, keysPerLane}} {
+		lanes, err := laneKeys(tt.n, tt.perLane)
+		if err != nil {
+			t.Fatalf("laneKeys(%d, %d): %v", tt.n, tt.perLane, err)
+		}
+		if len(lanes) != tt.n {
+			t.Fatalf("laneKeys(%d, %d): %d lanes", tt.n, tt.perLane, len(lanes))
+		}
+		seen := map[string]bool{}
+		for i, keys := range lanes {
+			if len(keys) != tt.perLane {
+				t.Errorf("n=%d: lane %d has %d keys %v, want %d", tt.n, i, len(keys), keys, tt.perLane)
+			}
+			for _, k := range keys {
+				if got := publish.LaneOf(k, tt.n); got != i {
+					t.Errorf("n=%d: key %q listed for lane %d, LaneOf says %d", tt.n, k, i, got)
+				}
+				if seen[k] {
+					t.Errorf("n=%d: key %q twice", tt.n, k)
+				}
+				seen[k] = true
+				// The main queue's binding (bench.order.#) must not match.
+				if !strings.HasPrefix(k, "bench.part.") || strings.HasPrefix(k, strings.TrimSuffix(mainBinding, "#")) {
+					t.Errorf("key %q: want bench.part.*, outside %s", k, mainBinding)
+				}
+			}
+		}
+	}
+	for _, bad := range [][2]int{{0, 4}, {4, 0}, {-1, 1}} {
+		if _, err := laneKeys(bad[0], bad[1]); err == nil {
+			t.Errorf("laneKeys(%d, %d): no error", bad[0], bad[1])
+		}
+	}
+}
+
+func TestInterleave(t *testing.T) {
+	tests := []struct {
+		lanes [][]string
+		want  []string
+	}{
+		{nil, nil},
+		{[][]string{{"a"}}, []string{"a"}},
+		{[][]string{{"a0", "a1"}, {"b0", "b1"}, {"c0", "c1"}}, []string{"a0", "b0", "c0", "a1", "b1", "c1"}},
+		{[][]string{{"a0", "a1", "a2"}, {"b0"}}, []string{"a0", "b0", "a1", "a2"}},
+	}
+	for _, tt := range tests {
+		if got := interleave(tt.lanes); !slices.Equal(got, tt.want) {
+			t.Errorf("interleave(%v) = %v, want %v", tt.lanes, got, tt.want)
+		}
+	}
+	// Round-robin over the interleaved keys deals every lane the same
+	// share of any whole number of rounds.
+	const n = 4
+	lanes, err := laneKeys(n, keysPerLane)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := interleave(lanes)
+	perLane := make([]int, n)
+	for g := range 10 * len(keys) {
+		perLane[publish.LaneOf(keys[g%len(keys)], n)]++
+	}
+	for i, c := range perLane {
+		if c != 10*keysPerLane {
+			t.Errorf("lane %d got %d events of %d, want %d", i, c, 10*len(keys), 10*keysPerLane)
+		}
+	}
+}
+
+func TestPartitionedRows(t *testing.T) {
+	ceiling := rateResult{events: 10_000, took: time.Second}
+	row := func(rows [][]string, prefix string) []string {
+		for _, r := range rows {
+			if strings.HasPrefix(r[0], prefix) {
+				return r
+			}
+		}
+		return nil
+	}
+	tests := []struct {
+		channels  int
+		one, many time.Duration // time to drain 10,000 events
+		ratio, ok string
+	}{
+		{4, 2 * time.Second, time.Second, "2.00", "yes"},
+		{4, 2 * time.Second, 1600 * time.Millisecond, "1.25", "NO"},
+		{2, 1300 * time.Millisecond, time.Second, "1.30", "yes"},
+		{0, 0, 0, "", ""},
+		{1, 0, 0, "", ""},
+	}
+	for _, tt := range tests {
+		r := &results{ceilings: [2]rateResult{ceiling, ceiling},
+			part:        [2]rateResult{{events: 10_000, took: tt.one}, {events: 10_000, took: tt.many}},
+			partCeiling: rateResult{events: 10_000, took: 800 * time.Millisecond}}
+		opts := options{backlog: 10_000, inflight: 1000, channels: tt.channels}
+		rows := r.rows(opts)
+		one, many := row(rows, "drain, 1 channel"), row(rows, fmt.Sprintf("drain, %d channels", tt.channels))
+		if tt.channels < 2 {
+			if one != nil || many != nil {
+				t.Errorf("-channels %d: partitioned rows %v %v", tt.channels, one, many)
+			}
+			if strings.Contains(r.notes(opts), "partition") {
+				t.Errorf("-channels %d: notes mention the partitioned drain", tt.channels)
+			}
+			continue
+		}
+		if one == nil || many == nil {
+			t.Fatalf("-channels %d: rows %v", tt.channels, rows)
+		}
+		if want := fmt.Sprintf("drain, 1 channel → %d queues", tt.channels); !strings.HasPrefix(one[0], want) {
+			t.Errorf("row %q, want %q", one[0], want)
+		}
+		if want := ratio(r.part[0].rate(), ceiling.rate()); one[3] != want || one[5] != "" {
+			t.Errorf("1-channel row %v: want ratio %s to the ceiling, no target", one, want)
+		}
+		if many[3] != tt.ratio || many[4] != "≥ 1.30" || many[5] != tt.ok {
+			t.Errorf("%d-channel row %v: want ratio %s, ok %s", tt.channels, many, tt.ratio, tt.ok)
+		}
+		if missed := missedTargets(rows); slices.Contains(missed, many[0]) != (tt.ok == "NO") {
+			t.Errorf("missed targets %v", missed)
+		}
+		if c := row(rows, fmt.Sprintf("broker ceiling, %d publishers", tt.channels)); c == nil || c[3] != "1.25" || c[5] != "" {
+			t.Errorf("%d-publisher ceiling row %v: want ratio 1.25 to the 1-channel ceiling, no target", tt.channels, c)
+		}
+		notes := r.notes(opts)
+		if !strings.Contains(notes, "relay partitioned drain, 1 channel") ||
+			!strings.Contains(notes, fmt.Sprintf("relay partitioned drain, %d channels", tt.channels)) {
+			t.Errorf("notes lack the partitioned CPU windows:\n%s", notes)
+		}
+	}
+	// No 1-channel drain measured: no division by zero, and not "yes".
+	r := &results{ceilings: [2]rateResult{ceiling, ceiling}}
+	many := row(r.rows(options{backlog: 10_000, channels: 4}), "drain, 4 channels")
+	if many[3] != "n/a" || many[5] != "NO" {
+		t.Errorf("unmeasured: %v", many)
 	}
 }

@@ -3,15 +3,75 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/cdcrelay/cdcrelay/internal/publish"
 )
 
-// routingKey is what every bench event carries; the bench queue is bound
-// with "#".
-const routingKey = "bench.order.created"
+// routingKey is what every bench event carries but those of the
+// partitioned drain; the bench queue is bound with mainBinding, which
+// matches it and not the partitioned drain's keys (partKey).
+const (
+	routingKey  = "bench.order.created"
+	mainBinding = "bench.order.#"
+)
+
+// maxChannels is the most CDCRELAY_PUBLISH_CHANNELS the relay accepts.
+const maxChannels = 64
+
+// keysPerLane is how many routing keys of the partitioned drain each of
+// the relay's channels carries.
+const keysPerLane = 4
+
+// partKey is the partitioned drain's k-th candidate routing key.
+func partKey(k int) string { return "bench.part." + strconv.Itoa(k) }
+
+// laneKeys picks routing keys partKey(0), partKey(1), ... by the lane
+// publish.LaneOf gives them with n channels, skipping those of lanes that
+// are full, until every lane has perLane keys: lanes[i] are lane i's keys,
+// which queue i is bound to, so each of the relay's channels feeds one
+// queue and all are equally loaded.
+func laneKeys(n, perLane int) ([][]string, error) {
+	if n < 1 || perLane < 1 {
+		return nil, fmt.Errorf("laneKeys(%d, %d): want n and perLane >= 1", n, perLane)
+	}
+	lanes := make([][]string, n)
+	for k, missing := 0, n*perLane; missing > 0; k++ {
+		if k == 1_000_000 {
+			return nil, fmt.Errorf("no %d keys for each of %d lanes among %d candidates", perLane, n, k)
+		}
+		key := partKey(k)
+		if i := publish.LaneOf(key, n); len(lanes[i]) < perLane {
+			lanes[i] = append(lanes[i], key)
+			missing--
+		}
+	}
+	return lanes, nil
+}
+
+// interleave lists the lanes' keys round-robin over the lanes (lane 0's
+// first key, lane 1's first, ..., lane 0's second, ...), so that events
+// dealt round-robin over the list spread evenly over the lanes at every
+// point of a backlog.
+func interleave(lanes [][]string) []string {
+	var out []string
+	for j := 0; ; j++ {
+		added := false
+		for _, keys := range lanes {
+			if j < len(keys) {
+				out = append(out, keys[j])
+				added = true
+			}
+		}
+		if !added {
+			return out
+		}
+	}
+}
 
 // payloadExpr builds an outbox payload of about 210 bytes from g: a JSON
 // envelope with its own id, an event_type and a W3C trace_context, the
@@ -30,6 +90,14 @@ const insertSQL = `INSERT INTO event_outbox (routing_key, payload)
 	FROM generate_series($2::int, $3::int) g
 	RETURNING id::text`
 
+// insertKeysSQL is insertSQL with event g's routing key the (g mod
+// len)-th of the array $1: events numbered consecutively go round-robin
+// over the keys.
+const insertKeysSQL = `INSERT INTO event_outbox (routing_key, payload)
+	SELECT ($1::text[])[1 + g % cardinality($1::text[])], ` + payloadExpr + `
+	FROM generate_series($2::int, $3::int) g
+	RETURNING id::text`
+
 // inserter writes outbox rows through one connection with a prepared
 // statement, numbering events across calls so payloads differ.
 type inserter struct {
@@ -37,29 +105,45 @@ type inserter struct {
 	next int
 }
 
-const insertStmt = "bench_insert"
+const (
+	insertStmt     = "bench_insert"
+	insertKeysStmt = "bench_insert_keys"
+)
 
 func newInserter(ctx context.Context, url string) (*inserter, error) {
 	db, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("connect inserter: %w", err)
 	}
-	if _, err := db.Prepare(ctx, insertStmt, insertSQL); err != nil {
-		_ = db.Close(ctx)
-		return nil, fmt.Errorf("prepare insert: %w", err)
+	for name, sql := range map[string]string{insertStmt: insertSQL, insertKeysStmt: insertKeysSQL} {
+		if _, err := db.Prepare(ctx, name, sql); err != nil {
+			_ = db.Close(ctx)
+			return nil, fmt.Errorf("prepare insert: %w", err)
+		}
 	}
 	return &inserter{db: db, next: 1}, nil
 }
 
 func (in *inserter) close() error { return in.db.Close(context.Background()) }
 
-// insert commits one transaction of n events and returns their ids and the
-// time COMMIT returned (the statement runs in its own implicit
-// transaction, so its completion is the commit's).
+// insert commits one transaction of n events with routingKey and returns
+// their ids and the time COMMIT returned (the statement runs in its own
+// implicit transaction, so its completion is the commit's).
 func (in *inserter) insert(ctx context.Context, n int) ([]string, time.Time, error) {
+	return in.insertKeys(ctx, n, nil)
+}
+
+// insertKeys is insert with the events' routing keys taken round-robin
+// from keys (the numbering runs across calls, so does the round-robin);
+// with no keys, every event has routingKey.
+func (in *inserter) insertKeys(ctx context.Context, n int, keys []string) ([]string, time.Time, error) {
 	first := in.next
 	in.next += n
-	rows, err := in.db.Query(ctx, insertStmt, routingKey, first, first+n-1)
+	stmt, arg := insertStmt, any(routingKey)
+	if len(keys) > 0 {
+		stmt, arg = insertKeysStmt, keys
+	}
+	rows, err := in.db.Query(ctx, stmt, arg, first, first+n-1)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("insert %d events: %w", n, err)
 	}

@@ -3,12 +3,19 @@
 // channel, 1,000 in flight) and, against it, the relay binary draining a
 // backlog, its commit-to-consumer latency at a steady rate, the load it
 // and a polling drainer put on PostgreSQL, and its peak memory. Every
-// throughput is reported as a ratio to the ceiling measured in the same
-// run, because absolute figures drift on a shared machine.
+// throughput is reported as a ratio to a reference measured in the same
+// run (mostly the ceiling), because absolute figures drift on a shared
+// machine.
+//
+// With -channels N (default 4; 0 or 1 skips it) it also measures
+// partitioned publishing (CDCRELAY_PUBLISH_CHANNELS): the same backlog,
+// spread over routing keys bench.part.* that hash to N lanes, each lane's
+// keys bound to its own queue, drained once with one channel and once with
+// N, the N-channel drain as a ratio to the one-channel one.
 //
 // It starts its own throwaway PostgreSQL cluster (internal/testenv, fsync
-// off), uses the local RabbitMQ with its own exchange and queue (deleted at
-// the end) and runs the relay as a subprocess, as an operator would. It
+// off), uses the local RabbitMQ with its own exchange and queues (deleted
+// at the end) and runs the relay as a subprocess, as an operator would. It
 // builds nothing itself: pass the binary with -relay (make bench builds it).
 package main
 
@@ -31,6 +38,7 @@ type options struct {
 	latencyFor     time.Duration // length of each paced latency phase
 	idleFor        time.Duration // idle window for queries/s
 	inflight       int           // publisher confirms in flight, relay and ceiling alike
+	channels       int           // CDCRELAY_PUBLISH_CHANNELS of the partitioned drain; < 2 skips it
 	strict         bool          // exit 3 when a target is missed
 	verbose        bool          // latency second by second
 	quietWait      time.Duration // longest wait for a quiet machine before each phase
@@ -50,6 +58,7 @@ func run() int {
 	flag.DurationVar(&opts.latencyFor, "latency", 20*time.Second, "length of each paced latency phase")
 	flag.DurationVar(&opts.idleFor, "idle", 15*time.Second, "idle window for queries per second (the relay's monitor runs every 15s)")
 	flag.IntVar(&opts.inflight, "inflight", 1000, "publisher confirms in flight (CDCRELAY_MAX_IN_FLIGHT and the ceiling publisher)")
+	flag.IntVar(&opts.channels, "channels", 4, "partitioned drain: N confirm channels (CDCRELAY_PUBLISH_CHANNELS) to N queues, against 1 channel to the same N queues; 0 or 1 skips it")
 	flag.BoolVar(&quick, "quick", false, "smoke run: -backlog 10000 -drainer-backlog 2000 -latency 5s -idle 5s -quiet-wait 3s unless given")
 	phases := flag.String("phases", defaultPhases, "paced latency phases, RATExEVENTS_PER_TX, comma-separated")
 	flag.DurationVar(&opts.quietWait, "quiet-wait", 20*time.Second, "before each phase, wait up to this long for the machine to go quiet (shared machines)")
@@ -76,8 +85,8 @@ func run() int {
 		}
 	}
 	if flag.NArg() > 0 || opts.backlog < 1000 || opts.drainerBacklog < 100 || opts.latencyFor < time.Second ||
-		opts.idleFor < time.Second || opts.inflight < 1 {
-		fmt.Fprintln(os.Stderr, "cdcrelay-bench: want -backlog >= 1000, -drainer-backlog >= 100, -latency and -idle >= 1s, -inflight >= 1")
+		opts.idleFor < time.Second || opts.inflight < 1 || opts.channels < 0 || opts.channels > maxChannels {
+		fmt.Fprintf(os.Stderr, "cdcrelay-bench: want -backlog >= 1000, -drainer-backlog >= 100, -latency and -idle >= 1s, -inflight >= 1, -channels 0..%d\n", maxChannels)
 		flag.Usage()
 		return 2
 	}

@@ -95,7 +95,7 @@ func TestProfileRelay(t *testing.T) {
 	}
 
 	start()() // create the slot
-	want, err := b.insertBacklog(ctx, b.opts.backlog)
+	want, err := b.insertBacklog(ctx, b.opts.backlog, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

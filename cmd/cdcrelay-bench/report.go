@@ -22,6 +22,10 @@ const rssTarget = 64 << 20
 // drainTarget is the least fraction of the broker ceiling a drain must reach.
 const drainTarget = 0.9
 
+// partitionTarget is the least speed-up of the partitioned drain with
+// opts.channels publish channels over the same drain with one channel.
+const partitionTarget = 1.3
+
 // rateResult is a timed delivery of a known set of events.
 type rateResult struct {
 	events     int
@@ -80,6 +84,8 @@ type results struct {
 	payloadBytes int
 	ceilings     [2]rateResult
 	drain        rateResult
+	part         [2]rateResult // the partitioned drain with 1 and with opts.channels publish channels
+	partCeiling  rateResult    // the broker ceiling with opts.channels publishers, one per partition queue
 	markedAfter  time.Duration // the janitor marked the last row this long after the last delivery
 	rssBacklog   int64
 	bigTx        rateResult
@@ -134,9 +140,21 @@ func (r *results) rows(opts options) [][]string {
 		{fmt.Sprintf("drain of a %s-event backlog (relay start → consumer has all)", n),
 			evs(r.drain.rate()), "broker ceiling", ratio(r.drain.rate(), ceil),
 			fmt.Sprintf("≥ %.2f", drainTarget), ok(r.drain.rate() >= drainTarget*ceil)},
+	}
+	if opts.channels > 1 {
+		one, many := r.part[0].rate(), r.part[1].rate()
+		out = append(out,
+			[]string{fmt.Sprintf("drain, 1 channel → %d queues (%s events over %d keys)", opts.channels, n, opts.channels*keysPerLane),
+				evs(one), "broker ceiling", ratio(one, ceil), "", ""},
+			[]string{fmt.Sprintf("drain, %d channels → %d queues (CDCRELAY_PUBLISH_CHANNELS=%d)", opts.channels, opts.channels, opts.channels),
+				evs(many), evs(one) + " 1 channel", ratio(many, one), fmt.Sprintf("≥ %.2f", partitionTarget), ok(one > 0 && many >= partitionTarget*one)},
+			[]string{fmt.Sprintf("broker ceiling, %d publishers (connection + confirm channel each) → %d queues", opts.channels, opts.channels),
+				"", evs(r.partCeiling.rate()) + " vs 1 channel", ratio(r.partCeiling.rate(), ceil), "", ""})
+	}
+	out = append(out, [][]string{
 		{fmt.Sprintf("one %s-row transaction (COMMIT → consumer has all)", n),
 			evs(r.bigTx.rate()), "broker ceiling", ratio(r.bigTx.rate(), ceil), "", ""},
-	}
+	}...)
 	for i, l := range r.lat {
 		ref := r.ref[i]
 		name := fmt.Sprintf("%s ev/s, %d/tx", thousands(l.phase.rate), l.phase.perTx)
@@ -192,15 +210,24 @@ func (r *results) notes(opts options) string {
 	}
 	fmt.Fprintf(&b, "drain:      %s events in %s, first delivery %s after the relay started, janitor marked the last row %s after the last delivery\n",
 		thousands(r.drain.events), r.drain.took.Round(time.Millisecond), ms(r.drain.firstAfter), r.markedAfter.Round(time.Millisecond))
+	if opts.channels > 1 {
+		fmt.Fprintf(&b, "partition:  %s events round-robin over %d keys bench.part.*, %d per lane of publish.LaneOf, queue i bound to lane i's keys;\n"+
+			"            1 channel: all in %s, first delivery %s after start; %d channels: all in %s, first delivery %s after start\n",
+			thousands(r.part[0].events), opts.channels*keysPerLane, keysPerLane, r.part[0].took.Round(time.Millisecond), ms(r.part[0].firstAfter),
+			opts.channels, r.part[1].took.Round(time.Millisecond), ms(r.part[1].firstAfter))
+	}
 	fmt.Fprintf(&b, "big tx:     first delivery %s after COMMIT returned (the client reads the RETURNING rows after the commit; ~0), all %s in %s\n",
 		ms(r.bigTx.firstAfter), thousands(r.bigTx.events), r.bigTx.took.Round(time.Millisecond))
 	fmt.Fprintf(&b, "relay CPU:  %.2f s per 10,000 events draining the backlog, %.2f s in the large transaction", r.drain.per10k(r.drain.use.relay), r.bigTx.per10k(r.bigTx.use.relay))
+	if opts.channels > 1 {
+		fmt.Fprintf(&b, ", %.2f s partitioned with 1 channel, %.2f s with %d", r.part[0].per10k(r.part[0].use.relay), r.part[1].per10k(r.part[1].use.relay), opts.channels)
+	}
 	for _, l := range r.lat {
 		fmt.Fprintf(&b, ", %.2f s at %s ev/s", rateResult{events: l.events}.per10k(l.use.relay), thousands(l.phase.rate))
 	}
 	b.WriteString("\n")
 
-	d := r.drain.duplicates + r.bigTx.duplicates + r.drainer.duplicates
+	d := r.drain.duplicates + r.bigTx.duplicates + r.drainer.duplicates + r.part[0].duplicates + r.part[1].duplicates
 	for _, l := range r.lat {
 		d += l.duplicates
 	}
@@ -223,8 +250,14 @@ func (r *results) notes(opts options) string {
 		{"broker ceiling run 1", r.ceilings[0].use},
 		{"broker ceiling run 2", r.ceilings[1].use},
 		{"relay backlog drain", r.drain.use},
-		{"relay one large transaction", r.bigTx.use},
 	}
+	if opts.channels > 1 {
+		windows = append(windows,
+			namedUsage{fmt.Sprintf("relay partitioned drain, 1 channel → %d queues", opts.channels), r.part[0].use},
+			namedUsage{fmt.Sprintf("relay partitioned drain, %d channels → %d queues", opts.channels, opts.channels), r.part[1].use},
+			namedUsage{fmt.Sprintf("broker ceiling, %d publishers → %d queues", opts.channels, opts.channels), r.partCeiling.use})
+	}
+	windows = append(windows, namedUsage{"relay one large transaction", r.bigTx.use})
 	for i := range r.lat {
 		name := fmt.Sprintf("%s ev/s", thousands(r.lat[i].phase.rate))
 		windows = append(windows, namedUsage{"relay latency " + name, r.lat[i].use}, namedUsage{"broker-alone latency " + name, r.ref[i].use})
