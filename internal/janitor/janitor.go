@@ -50,13 +50,24 @@ type Janitor struct {
 	// unseen counts, per id, the flushes that did not find its row. The
 	// relay can receive a transaction from the slot an instant before its
 	// rows are visible to other sessions, so such an id is tried again at
-	// the next flush, up to maxUnseen times. Only the Run goroutine uses it.
+	// the next flush, up to maxUnseen() times. Only the Run goroutine uses it.
 	unseen map[string]int
 }
 
+// unseenFor is about how long an acked id whose row no flush can see is
+// tried again before the mark is given up; a commit can stay invisible
+// that long while a synchronous standby lags.
+const unseenFor = 10 * time.Second
+
 // maxUnseen is how many flushes may miss an acked id's row before the mark
-// is given up (at the default interval, about ten seconds).
-const maxUnseen = 20
+// is given up: unseenFor at the mark interval, and never fewer than 20.
+func (j *Janitor) maxUnseen() int {
+	n := 20
+	if j.opts.MarkInterval > 0 {
+		n = max(n, int(unseenFor/j.opts.MarkInterval))
+	}
+	return n
+}
 
 // New returns a Janitor; its metrics are registered with reg.
 func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
@@ -203,7 +214,7 @@ func (j *Janitor) retryUnseen(ids []string) {
 	for _, id := range ids {
 		seen[id] = true
 		j.unseen[id]++
-		if j.unseen[id] > maxUnseen {
+		if j.unseen[id] > j.maxUnseen() {
 			delete(j.unseen, id)
 			j.metrics.dropped.Inc()
 			j.log.Warn("acked event's row not found; left unmarked", "event", id)

@@ -3,6 +3,7 @@ package janitor
 import (
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -62,7 +63,7 @@ func TestParkQueue(t *testing.T) {
 }
 
 // TestRetryUnseen: an id whose row a flush could not see is queued again,
-// forgotten once found, and dropped (unmarked) after maxUnseen misses.
+// forgotten once found, and dropped (unmarked) after maxUnseen() misses.
 func TestRetryUnseen(t *testing.T) {
 	j := newTest(10)
 	j.retryUnseen([]string{"late", "gone"})
@@ -73,14 +74,34 @@ func TestRetryUnseen(t *testing.T) {
 	if _, ok := j.unseen["late"]; ok {
 		t.Fatal("a found id is still counted")
 	}
-	for range maxUnseen - 1 { // misses 3 to maxUnseen+1
+	for range j.maxUnseen() - 1 { // misses 3 to maxUnseen()+1
 		j.take()
 		j.retryUnseen([]string{"gone"})
 	}
 	if got := j.take(); len(got) != 0 {
-		t.Fatalf("an id missed %d times is still queued: %v", maxUnseen+1, got)
+		t.Fatalf("an id missed %d times is still queued: %v", j.maxUnseen()+1, got)
 	}
 	if _, ok := j.unseen["gone"]; ok {
 		t.Fatal("a dropped id is still counted")
+	}
+}
+
+// TestMaxUnseen: a missing row is retried for about unseenFor whatever the
+// mark interval, and at least 20 times.
+func TestMaxUnseen(t *testing.T) {
+	for _, c := range []struct {
+		interval time.Duration
+		want     int
+	}{
+		{0, 20},
+		{time.Second, 20},
+		{500 * time.Millisecond, 20},
+		{100 * time.Millisecond, 100},
+		{10 * time.Millisecond, 1000},
+	} {
+		j := New(Options{MarkBatch: 10, MarkInterval: c.interval}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+		if got := j.maxUnseen(); got != c.want {
+			t.Errorf("MarkInterval %s: maxUnseen %d, want %d", c.interval, got, c.want)
+		}
 	}
 }
