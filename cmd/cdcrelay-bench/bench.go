@@ -792,6 +792,18 @@ func (ph latencyPhase) pacer() pacer {
 	return pacer{interval: time.Second * time.Duration(ph.perTx) / time.Duration(ph.rate), maxLag: 100 * time.Millisecond}
 }
 
+// insertPaced commits the phase's transactions at its rate for
+// opts.latencyFor and records when each event's COMMIT returned.
+func (b *bench) insertPaced(ctx context.Context, ph latencyPhase, committed map[string]time.Time) (ticks int, took time.Duration, err error) {
+	return ph.pacer().run(ctx, b.opts.latencyFor, func(int) error {
+		ids, at, err := b.ins.insert(ctx, ph.perTx)
+		for _, id := range ids {
+			committed[id] = at
+		}
+		return err
+	})
+}
+
 // relayLatency inserts at the phase's rate while the relay streams and
 // measures, per event, consumer arrival minus the time COMMIT returned.
 func (b *bench) relayLatency(ctx context.Context, ph latencyPhase) (latencyResult, error) {
@@ -809,13 +821,7 @@ func (b *bench) relayLatency(ctx context.Context, ph latencyPhase) (latencyResul
 		defer stop()
 		go b.watchSendLag(sctx)
 	}
-	ticks, took, err := ph.pacer().run(ctx, b.opts.latencyFor, func(int) error {
-		ids, at, err := b.ins.insert(ctx, ph.perTx)
-		for _, id := range ids {
-			committed[id] = at
-		}
-		return err
-	})
+	ticks, took, err := b.insertPaced(ctx, ph, committed)
 	if err != nil {
 		return latencyResult{}, err
 	}

@@ -115,13 +115,7 @@ func TestProfileRelay(t *testing.T) {
 	for _, ph := range phases {
 		profile(filepathName(ph), func() {
 			committed := map[string]time.Time{}
-			ticks, took, err := ph.pacer().run(ctx, b.opts.latencyFor, func(int) error {
-				ids, at, err := b.ins.insert(ctx, ph.perTx)
-				for _, id := range ids {
-					committed[id] = at
-				}
-				return err
-			})
+			ticks, took, err := b.insertPaced(ctx, ph, committed)
 			if err != nil {
 				t.Fatal(err)
 			}
