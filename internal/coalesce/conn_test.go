@@ -85,9 +85,8 @@ func TestWritesGatherBehindABusyWriter(t *testing.T) {
 	g.release <- struct{}{}
 	wait(t, g.entered, "the second write")
 	g.release <- struct{}{}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(g.recorded()) < 2 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
 	}
 	got := g.recorded()
 	if len(got) != 2 || string(got[0]) != "a" || string(got[1]) != "bcd" {
@@ -118,9 +117,8 @@ func TestWriteWaitsAtTheLimit(t *testing.T) {
 	wait(t, returned, "the waiting Write")
 	g.release <- struct{}{}
 	g.release <- struct{}{}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(bytes.Join(g.recorded(), nil)) < 6 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
 	}
 	if got := string(bytes.Join(g.recorded(), nil)); got != "123456" {
 		t.Fatalf("bytes written = %q, want 123456", got)
@@ -138,20 +136,13 @@ func TestWriteErrorIsSticky(t *testing.T) {
 	mustWrite(t, c, "x")
 	wait(t, g.entered, "the write")
 	g.release <- struct{}{}
+	// fail records the error before it closes the connection.
 	wait(t, g.closed, "the wrapped connection to close")
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err := c.Write([]byte("y"))
-		if err != nil {
-			if err.Error() != "broken pipe" {
-				t.Fatalf("Write after failure: %v, want broken pipe", err)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Write kept succeeding after the connection failed")
-		}
-		time.Sleep(time.Millisecond)
+	if _, err := c.Write([]byte("y")); err == nil || err.Error() != "broken pipe" {
+		t.Fatalf("Write after failure: %v, want broken pipe", err)
+	}
+	if err := c.Flush(); err == nil || err.Error() != "broken pipe" {
+		t.Fatalf("Flush after failure: %v, want broken pipe", err)
 	}
 }
 
