@@ -111,7 +111,7 @@ func TestBrokerBlocksPublishers(t *testing.T) {
 	ctx := context.Background()
 
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
-	pid := waitSlotActive(t, w.db, 10*time.Second)
+	pid := testenv.WaitSlotActive(t, w.db, slotName, 10*time.Second)
 	restarts := r.restarts(t)
 
 	if err := rmq.SetMemoryHighWatermark(ctx, 0); err != nil {
@@ -134,7 +134,7 @@ func TestBrokerBlocksPublishers(t *testing.T) {
 	// along that the walsender lives and hears from the relay.
 	var oldestReply time.Duration
 	for time.Since(blocked) < 2*walSenderTimeout+3*time.Second {
-		if now := walsender(t, w.db); now != pid {
+		if now := testenv.Walsender(t, w.db, slotName); now != pid {
 			t.Fatalf("walsender %d replaced by %d while the broker blocked publishers", pid, now)
 		}
 		var age time.Duration
@@ -163,7 +163,7 @@ func TestBrokerBlocksPublishers(t *testing.T) {
 	w.waitIDs(t, ids(during), 30*time.Second)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	r.running(t)
-	if now := walsender(t, w.db); now != pid {
+	if now := testenv.Walsender(t, w.db, slotName); now != pid {
 		t.Fatalf("walsender %d replaced by %d", pid, now)
 	}
 	w.check(t, "broker blocks publishers (memory alarm) for > 2 x wal_sender_timeout", unblocked, during,

@@ -22,7 +22,7 @@ func TestFailpointKillAfterPublish(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	p := w.startProcess(processOptions{Race: true, Tags: "failpoints",
 		Env: []string{failpoint.Env + "=" + failpoint.AfterPublish + "@1500"}})
-	waitSlotActive(t, w.db, 30*time.Second)
+	testenv.WaitSlotActive(t, w.db, slotName, 30*time.Second)
 	all := w.insert(t, 200, 10)
 	p.waitFailpoint(t, failpoint.AfterPublish)
 	slotAtKill := testenv.ConfirmedFlush(t, w.db, slotName)
@@ -48,7 +48,7 @@ func TestFailpointKillBeforeStatus(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	p := w.startProcess(processOptions{Race: true, Tags: "failpoints",
 		Env: []string{failpoint.Env + "=" + failpoint.BeforeStatus + "@10"}})
-	waitSlotActive(t, w.db, 30*time.Second)
+	testenv.WaitSlotActive(t, w.db, slotName, 30*time.Second)
 	l := w.load(3000, 1000, 10)
 	p.waitFailpoint(t, failpoint.BeforeStatus)
 	killed := time.Now()

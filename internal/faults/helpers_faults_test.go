@@ -11,11 +11,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,53 +25,12 @@ import (
 
 // --- the relay binary ---
 
-var (
-	buildMu   sync.Mutex
-	binByTags = map[string]string{}
-)
+// builds holds the relay binaries the process tests build; TestMain's
+// cleanups remove them.
+var builds testenv.Builds
 
 func init() {
-	// Remove the built binaries when the test binary is done (see TestMain).
-	cleanups = append(cleanups, func() {
-		buildMu.Lock()
-		defer buildMu.Unlock()
-		for _, bin := range binByTags {
-			_ = os.RemoveAll(filepath.Dir(bin))
-		}
-	})
-}
-
-// relayBinary builds cmd/cdcrelay once per flavour: race is -race (the
-// default for behaviour tests), tags are extra build tags ("failpoints").
-func relayBinary(t *testing.T, race bool, tags string) string {
-	t.Helper()
-	key := fmt.Sprintf("%v/%s", race, tags)
-	buildMu.Lock()
-	defer buildMu.Unlock()
-	if p, ok := binByTags[key]; ok {
-		return p
-	}
-	dir, err := os.MkdirTemp("", "cdcrelay-faults-bin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	bin := filepath.Join(dir, "cdcrelay")
-	args := []string{"build", "-o", bin}
-	if race {
-		args = append(args, "-race")
-	}
-	if tags != "" {
-		args = append(args, "-tags", tags)
-	}
-	cmd := exec.Command("go", append(args, "./cmd/cdcrelay")...)
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	binByTags[key] = bin
-	return bin
+	cleanups = append(cleanups, builds.Remove)
 }
 
 // process is the relay binary running as a child process.
@@ -92,7 +48,7 @@ type processOptions struct {
 
 func (w *world) startProcess(o processOptions) *process {
 	w.t.Helper()
-	bin := relayBinary(w.t, o.Race, o.Tags)
+	bin := builds.Relay(w.t, o.Race, o.Tags)
 	port, err := freePort()
 	if err != nil {
 		w.t.Fatal(err)

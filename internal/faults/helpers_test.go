@@ -779,38 +779,6 @@ func currentLSN(t *testing.T, db *pgx.Conn) pglogrepl.LSN {
 	return lsn
 }
 
-// walsender returns the pid of the process streaming the slot (0 if none).
-func walsender(t *testing.T, db *pgx.Conn) int {
-	t.Helper()
-	var pid *int32
-	err := db.QueryRow(context.Background(), `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, slotName).Scan(&pid)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if pid == nil {
-		return 0
-	}
-	return int(*pid)
-}
-
-// waitSlotActive waits until a relay streams from the slot.
-func waitSlotActive(t *testing.T, db *pgx.Conn, within time.Duration) int {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		if pid := walsender(t, db); pid != 0 {
-			return pid
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot %s not active after %s", slotName, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // --- small things ---
 
 func tail(s string, n int) string {

@@ -19,7 +19,7 @@ import (
 func TestKillAfterPublishBeforeConfirm(t *testing.T) {
 	w := newWorld(t, worldOptions{AMQPProxy: true})
 	p := w.startProcess(processOptions{Race: true, Extra: map[string]string{"AMQP_HEARTBEAT": "60s"}})
-	waitSlotActive(t, w.db, 30*time.Second)
+	testenv.WaitSlotActive(t, w.db, slotName, 30*time.Second)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 
@@ -59,7 +59,7 @@ func TestKillAfterPublishBeforeConfirm(t *testing.T) {
 func TestKillAfterConfirmBeforeStatusUpdate(t *testing.T) {
 	w := newWorld(t, worldOptions{PGProxy: true})
 	p := w.startProcess(processOptions{Race: true})
-	waitSlotActive(t, w.db, 30*time.Second)
+	testenv.WaitSlotActive(t, w.db, slotName, 30*time.Second)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 
@@ -105,7 +105,7 @@ func TestKillInsideLargeTransaction(t *testing.T) {
 	const big = 100_000
 	w := newWorld(t, worldOptions{})
 	p := w.startProcess(processOptions{})
-	waitSlotActive(t, w.db, 30*time.Second)
+	testenv.WaitSlotActive(t, w.db, slotName, 30*time.Second)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 

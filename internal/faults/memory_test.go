@@ -33,7 +33,7 @@ func TestBacklogMemoryBounded(t *testing.T) {
 		"AMQP_URL": "amqp://guest:guest@" + link.Addr() + "/", "LOG_LEVEL": "warn",
 	}})
 	pid := p.Cmd.Process.Pid
-	waitSlotActive(t, w.db, 30*time.Second)
+	testenv.WaitSlotActive(t, w.db, slotName, 30*time.Second)
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 	time.Sleep(2 * time.Second) // let the janitor and the runtime settle

@@ -34,7 +34,7 @@ func TestPostgresTerminateWalsender(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	r := w.startRelay(nil)
 	r.waitStreaming(t)
-	pid := waitSlotActive(t, w.db, 10*time.Second)
+	pid := testenv.WaitSlotActive(t, w.db, slotName, 10*time.Second)
 
 	l := w.load(3000, 1500, 10)
 	testenv.WaitCount(t, w.consumer, 1000, time.Minute)
@@ -46,7 +46,7 @@ func TestPostgresTerminateWalsender(t *testing.T) {
 	l.wait(t, time.Minute)
 	w.waitAll(t, time.Minute)
 	r.running(t)
-	if now := walsender(t, w.db); now == pid || now == 0 {
+	if now := testenv.Walsender(t, w.db, slotName); now == pid || now == 0 {
 		t.Fatalf("walsender pid %d after terminating %d", now, pid)
 	}
 	w.check(t, "walsender killed (pg_terminate_backend) under load", fault, l.since(fault), "")

@@ -3,17 +3,13 @@ package relay_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -306,34 +302,13 @@ func reportOrder(t *testing.T, rows []row, got []testenv.Delivery, orderKey func
 	return duplicates
 }
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// builds holds the relay binary the process tests run; TestMain removes it.
+var builds testenv.Builds
 
-// relayBinary builds cmd/cdcrelay once per test run.
+// relayBinary is cmd/cdcrelay built with -race, once per test run.
 func relayBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "cdcrelay-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
-		binPath = filepath.Join(dir, "cdcrelay")
-		cmd := exec.Command("go", "build", "-race", "-o", binPath, "./cmd/cdcrelay")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return builds.Relay(t, true, "")
 }
 
 // startProcess runs the relay binary with this test's environment.
@@ -378,27 +353,5 @@ func waitAll(t *testing.T, c *testenv.Consumer, rows []row, within time.Duration
 			t.Fatalf("%d of %d distinct events after %s", len(seen), len(want), within)
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// waitSlotActive waits until a relay streams from the slot. Rows committed
-// before the slot exists are not in its stream (adopting them is the
-// snapshot backfill's job), so stream tests start inserting only then.
-func waitSlotActive(t *testing.T, db *pgx.Conn, slotName string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var active bool
-		err := db.QueryRow(context.Background(), `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, slotName).Scan(&active)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if active {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot %s not active after 30s", slotName)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

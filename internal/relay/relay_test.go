@@ -53,7 +53,7 @@ func TestIntegrationExactlyOnceInCommitOrder(t *testing.T) {
 func TestIntegrationSIGKILLMidStream(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	p := e.startProcess(nil)
-	waitSlotActive(t, e.db, slotName)
+	testenv.WaitSlotActive(t, e.db, slotName, 30*time.Second)
 
 	type result struct {
 		rows []row

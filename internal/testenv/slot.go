@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -67,4 +68,37 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// Walsender returns the pid of the walsender streaming the slot, 0 when the
+// slot is inactive or missing.
+func Walsender(tb testing.TB, db *pgx.Conn, slot string) int {
+	tb.Helper()
+	var pid *int32
+	err := db.QueryRow(context.Background(), `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&pid)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && pid == nil) {
+		return 0
+	}
+	if err != nil {
+		tb.Fatalf("read slot %s: %v", slot, err)
+	}
+	return int(*pid)
+}
+
+// WaitSlotActive waits until a relay streams from the slot and returns
+// its walsender's pid. Rows committed before the slot exists are not in its
+// stream (adopting them is the snapshot backfill's job), so stream tests
+// start inserting only then.
+func WaitSlotActive(tb testing.TB, db *pgx.Conn, slot string, within time.Duration) int {
+	tb.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		if pid := Walsender(tb, db, slot); pid != 0 {
+			return pid
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("slot %s not active after %s", slot, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
