@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
@@ -489,14 +490,13 @@ func (b *bench) waitSlot(ctx context.Context, active bool, exited <-chan struct{
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
-		// Streaming means the slot is active and the adoption marker (a
-		// second slot, the only other one in the bench's cluster) is gone:
-		// a relay stopped before that would redo the adoption at its next
-		// start and publish the next backlog from the snapshot instead of
-		// the stream.
+		// Streaming means the slot is active and its adoption marker is
+		// gone: a relay stopped before that would redo the adoption at its
+		// next start and publish the next backlog from the snapshot
+		// instead of the stream.
 		var is bool
-		err := b.db.QueryRow(ctx, `SELECT coalesce(bool_or(active AND slot_name = $1), false) AND count(*) = 1
-			FROM pg_replication_slots`, benchSlot).Scan(&is)
+		err := b.db.QueryRow(ctx, `SELECT coalesce(bool_or(active) FILTER (WHERE slot_name = $1), false)
+			AND NOT coalesce(bool_or(slot_name = $2), false) FROM pg_replication_slots`, benchSlot, slot.MarkerName(benchSlot)).Scan(&is)
 		if err != nil {
 			return fmt.Errorf("wait for slot %s active=%t: %w", benchSlot, active, err)
 		}

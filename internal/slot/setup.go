@@ -83,10 +83,10 @@ func Inspect(ctx context.Context, db *pgx.Conn, t Target) (Info, error) {
 	err := db.QueryRow(ctx, `
 		SELECT plugin, slot_type, database = current_database(), active, confirmed_flush_lsn::text, wal_status,
 		       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2)
-		FROM pg_replication_slots WHERE slot_name = $1`, t.Slot, markerName(t.Slot)).
+		FROM pg_replication_slots WHERE slot_name = $1`, t.Slot, MarkerName(t.Slot)).
 		Scan(&plugin, &slotType, &sameDB, &info.Active, &confirmed, &walStatus, &info.Adopting)
 	if errors.Is(err, pgx.ErrNoRows) {
-		err = db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, markerName(t.Slot)).Scan(&info.Adopting)
+		err = db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, MarkerName(t.Slot)).Scan(&info.Adopting)
 		if err != nil {
 			return info, fmt.Errorf("look up adoption marker: %w", err)
 		}
@@ -154,12 +154,12 @@ func Create(ctx context.Context, repl *pgconn.PgConn, slotName string) (Created,
 	return Created{ConsistentPoint: lsn, Snapshot: res.SnapshotName}, nil
 }
 
-// markerName names the adoption marker of a slot: a physical slot that
+// MarkerName names the adoption marker of a slot: a physical slot that
 // reserves no WAL and exists only while the backlog of a new slot is being
 // published. A relay that finds it next to the slot knows the adoption was
 // interrupted (the process died) and starts it over. Slot names are
 // cluster-wide, so the marker is unique as the slot is.
-func markerName(slotName string) string {
+func MarkerName(slotName string) string {
 	return slotName[:min(len(slotName), 54)] + "_adopting"
 }
 
@@ -175,9 +175,9 @@ func BeginAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
 	if !locked {
 		return fmt.Errorf("%w: another relay is publishing the backlog of slot %s", ErrBusy, slotName)
 	}
-	_, err := db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, markerName(slotName))
+	_, err := db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, MarkerName(slotName))
 	if err != nil && pgCode(err) != "42710" {
-		return fmt.Errorf("create adoption marker %s: %w", markerName(slotName), err)
+		return fmt.Errorf("create adoption marker %s: %w", MarkerName(slotName), err)
 	}
 	return nil
 }
@@ -185,7 +185,7 @@ func BeginAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
 // EndAdoption drops the marker and releases the lock: the slot's backlog
 // is published and streaming may begin.
 func EndAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
-	if err := Drop(ctx, db, markerName(slotName)); err != nil {
+	if err := Drop(ctx, db, MarkerName(slotName)); err != nil {
 		return fmt.Errorf("drop adoption marker: %w", err)
 	}
 	if _, err := db.Exec(ctx, `SELECT pg_advisory_unlock(hashtext('cdcrelay adoption ' || $1))`, slotName); err != nil {
