@@ -117,6 +117,40 @@ func TestIntegrationJanitorMarksInBatches(t *testing.T) {
 	}
 }
 
+// TestIntegrationJanitorIdleRunsNothing: the janitor's ticker fires every
+// MARK_INTERVAL, but with nothing acked it runs no statement, so a short
+// interval is no polling load on the primary.
+func TestIntegrationJanitorIdleRunsNothing(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements"}}, "#")
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, `CREATE EXTENSION pg_stat_statements`); err != nil {
+		t.Fatal(err)
+	}
+	r := e.startRelay(map[string]string{"MARK_INTERVAL": "20ms"})
+	r.waitStreaming(t)
+	rows, _ := insertTxns(t, e.db, "k", 10)
+	waitAll(t, e.consumer, rows, time.Minute)
+	waitMarked(t, e, rows, 10*time.Second)
+
+	janitorCalls := func() int64 {
+		var n int64
+		err := e.db.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+			WHERE query LIKE '%published_at = now()%' OR query LIKE '%attempts = attempts + 1%'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := janitorCalls()
+	if before == 0 {
+		t.Fatal("pg_stat_statements saw no marking statement: the filter no longer matches the janitor's SQL")
+	}
+	time.Sleep(time.Second) // 50 ticks of the mark interval
+	if after := janitorCalls(); after != before {
+		t.Fatalf("janitor ran %d statements in 1 s with nothing to mark", after-before)
+	}
+}
+
 // TestIntegrationJanitorNeverMarksUnacked holds confirms back: the rows
 // reach the queue but stay unmarked until the relay has the acks.
 func TestIntegrationJanitorNeverMarksUnacked(t *testing.T) {
