@@ -142,17 +142,7 @@ func amqpURI(url string) (string, error) {
 // amqp runs fn on a channel to the test's broker (direct).
 func (w *world) amqp(t *testing.T, fn func(*amqp.Channel) error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	conn, err := testenv.DialAMQP(ctx, w.amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ch := testenv.MustChannel(t, w.amqpURL)
 	if err := fn(ch); err != nil {
 		t.Fatal(err)
 	}
@@ -161,15 +151,7 @@ func (w *world) amqp(t *testing.T, fn func(*amqp.Channel) error) {
 // drain consumes and discards queue's messages until the test ends.
 func (w *world) drain(t *testing.T, queue string) {
 	t.Helper()
-	conn, err := testenv.DialAMQP(context.Background(), w.amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ch := testenv.MustChannel(t, w.amqpURL)
 	msgs, err := ch.Consume(queue, "", true, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)

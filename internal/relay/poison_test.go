@@ -133,15 +133,7 @@ func TestIntegrationUnroutableToAlternateExchange(t *testing.T) {
 	ae := testenv.UniqueName("cdcrelay.ae")
 	aeConsumer := testenv.MustConsumer(t, amqpURL, ae, testenv.UniqueName("cdcrelay.aeq"), "#")
 	main := testenv.UniqueName("cdcrelay.main")
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ch := testenv.MustChannel(t, amqpURL)
 	if err := ch.ExchangeDeclare(main, "topic", false, true, false, false, amqp.Table{"alternate-exchange": ae}); err != nil {
 		t.Fatal(err)
 	}

@@ -134,15 +134,7 @@ func TestConsumerReconnects(t *testing.T) {
 
 func publish(ctx context.Context, t *testing.T, url, exchange, key string, msg amqp.Publishing) {
 	t.Helper()
-	conn, err := DialAMQP(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ch := MustChannel(t, url)
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}

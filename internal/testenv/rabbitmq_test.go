@@ -23,7 +23,7 @@ func TestRabbitMQPrivateNode(t *testing.T) {
 	}
 
 	queue := UniqueName("cdcrelay_rmq_test")
-	conn, ch := channel(t, ctx, r.URL())
+	conn, ch := MustChannel(t, r.URL())
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestRabbitMQPrivateNode(t *testing.T) {
 	if err := r.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_, ch = channel(t, ctx, r.URL())
+	_, ch = MustChannel(t, r.URL())
 	msg, ok, err := ch.Get(queue, true)
 	if err != nil || !ok || string(msg.Body) != "kept" || msg.MessageId != "m1" {
 		t.Fatalf("after restart: get %q ok=%v err=%v, want the persistent message", msg.Body, ok, err)
@@ -73,7 +73,7 @@ func TestRabbitMQPrivateNode(t *testing.T) {
 
 	// The memory alarm blocks publishing connections (RabbitMQ tells a
 	// connection once it publishes), and lifting it unblocks them.
-	pconn, pch := channel(t, ctx, r.URL())
+	pconn, pch := MustChannel(t, r.URL())
 	blocked := pconn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	if err := r.SetMemoryHighWatermark(ctx, 0); err != nil {
 		t.Fatal(err)
@@ -123,20 +123,6 @@ func TestRabbitMQKill(t *testing.T) {
 	if err := CheckAMQP(ctx, r.URL()); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func channel(t *testing.T, ctx context.Context, url string) (*amqp.Connection, *amqp.Channel) {
-	t.Helper()
-	conn, err := DialAMQP(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return conn, ch
 }
 
 // waitBlocking waits for a connection.blocked (active) or unblocked

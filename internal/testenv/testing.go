@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // setupTimeout bounds starting a service from a test.
@@ -45,6 +47,24 @@ func RequireAMQP(tb testing.TB) string {
 		tb.Fatalf("RabbitMQ is required for this test (set %s to use another broker): %v", AMQPURLEnv, err)
 	}
 	return url
+}
+
+// MustChannel opens a connection and a channel to the broker at url for
+// the test; the connection closes when the test ends.
+func MustChannel(tb testing.TB, url string) (*amqp.Connection, *amqp.Channel) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	conn, err := DialAMQP(ctx, url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return conn, ch
 }
 
 // MustConsumer starts a Consumer for the test and closes it (deleting its
