@@ -203,11 +203,10 @@ func (w *world) vars(extra map[string]string) map[string]string {
 
 // inproc is a relay running in the test process (under -race).
 type inproc struct {
-	cancel context.CancelFunc
-	done   chan error
-	relay  *relay.Relay
-	reg    *prometheus.Registry
-	log    *testenv.Buffer
+	*testenv.Background
+	relay *relay.Relay
+	reg   *prometheus.Registry
+	log   *testenv.Buffer
 }
 
 func (w *world) startRelay(extra map[string]string) *inproc {
@@ -224,17 +223,15 @@ func (w *world) startRelay(extra map[string]string) *inproc {
 	buf := &testenv.Buffer{}
 	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: level}))
 	reg := prometheus.NewRegistry()
-	run := &inproc{done: make(chan error, 1), reg: reg, log: buf}
+	run := &inproc{reg: reg, log: buf}
 	// No janitor: it marks published_at, which these tests do not check,
 	// and the relay binary (startProcess) runs with one anyway.
 	if run.relay, err = relay.New(cfg, nil, log, reg); err != nil {
 		w.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	run.cancel = cancel
-	go func() { run.done <- run.relay.Run(ctx) }()
+	run.Background = testenv.Go(run.relay.Run)
 	w.t.Cleanup(func() {
-		if err := run.stop(); err != nil {
+		if err := run.Stop(); err != nil {
 			w.t.Errorf("relay: %v", err)
 		}
 		if w.t.Failed() {
@@ -244,42 +241,16 @@ func (w *world) startRelay(extra map[string]string) *inproc {
 	return run
 }
 
-// stop asks for a graceful stop and returns Run's result.
-func (r *inproc) stop() error {
-	r.cancel()
-	select {
-	case err := <-r.done:
-		r.done <- err // keep it for a second stop
-		return err
-	case <-time.After(30 * time.Second):
-		return errors.New("relay did not stop within 30s")
-	}
-}
-
 func (r *inproc) waitStreaming(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !r.relay.Streaming() {
-		if time.Now().After(deadline) {
-			t.Fatal("relay not streaming after 30s")
-		}
-		select {
-		case err := <-r.done:
-			r.done <- err
-			t.Fatalf("relay exited: %v", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	r.WaitFor(t, 30*time.Second, "streaming", r.relay.Streaming)
 }
 
 // running fails the test if the relay has exited.
 func (r *inproc) running(t *testing.T) {
 	t.Helper()
-	select {
-	case err := <-r.done:
-		r.done <- err
+	if exited, err := r.Exited(); exited {
 		t.Fatalf("relay exited: %v", err)
-	default:
 	}
 }
 

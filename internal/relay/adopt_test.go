@@ -214,14 +214,9 @@ func TestIntegrationSlotLostStop(t *testing.T) {
 	}
 	invalidate(t, e.db)
 	r = e.startRelay(map[string]string{"SLOT_LOST": "stop"})
-	select {
-	case err := <-r.done:
-		r.done <- err
-		if !errors.Is(err, slot.ErrSlotLost) {
-			t.Fatalf("relay ended with %v, want ErrSlotLost", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay still running on a lost slot with SLOT_LOST=stop")
+	err := r.Wait(t, 30*time.Second, "the relay to stop after a lost slot with SLOT_LOST=stop")
+	if !errors.Is(err, slot.ErrSlotLost) {
+		t.Fatalf("relay ended with %v, want ErrSlotLost", err)
 	}
 	var status string
 	if err := e.db.QueryRow(context.Background(), `SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1`, slotName).Scan(&status); err != nil || status != "lost" {

@@ -122,11 +122,10 @@ func (e *env) config(extra map[string]string) config.Config {
 
 // running is an in-process relay service (relay, janitor, monitor).
 type running struct {
-	cancel context.CancelFunc
-	done   chan error
-	relay  *relay.Relay
-	reg    *prometheus.Registry
-	logs   *testenv.Buffer // everything the relay logged
+	*testenv.Background
+	relay *relay.Relay
+	reg   *prometheus.Registry
+	logs  *testenv.Buffer // everything the relay logged
 }
 
 // startRelay runs the service in this process until the test ends or stop.
@@ -139,9 +138,7 @@ func (e *env) startRelay(extra map[string]string) *running {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	run := &running{cancel: cancel, done: make(chan error, 1), relay: svc.Relay, reg: reg, logs: logs}
-	go func() { run.done <- svc.Run(ctx) }()
+	run := &running{Background: testenv.Go(svc.Run), relay: svc.Relay, reg: reg, logs: logs}
 	e.t.Cleanup(func() { _ = run.stop(e.t) })
 	return run
 }
@@ -149,30 +146,16 @@ func (e *env) startRelay(extra map[string]string) *running {
 // stop asks for a graceful stop and returns Run's result once the janitor
 // has flushed too.
 func (r *running) stop(t *testing.T) error {
-	r.cancel()
-	select {
-	case err := <-r.done:
-		r.done <- err // keep it for a second stop
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay did not stop within 30s")
-		return nil
+	err := r.Stop()
+	if errors.Is(err, testenv.ErrStillRunning) {
+		t.Fatalf("relay: %v", err)
 	}
+	return err
 }
 
 func (r *running) waitStreaming(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !r.relay.Streaming() {
-		if time.Now().After(deadline) {
-			t.Fatal("relay not streaming after 30s")
-		}
-		select {
-		case err := <-r.done:
-			t.Fatalf("relay exited: %v", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	r.WaitFor(t, 30*time.Second, "streaming", r.relay.Streaming)
 }
 
 // testWriter sends relay logs to the test log, shown on failure or -v.

@@ -110,14 +110,9 @@ func TestIntegrationPoisonStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-r.done:
-		r.done <- err
-		if !errors.Is(err, publish.ErrPoison) || !strings.Contains(err.Error(), "not valid JSON") {
-			t.Fatalf("relay ended with %v, want a poison error", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay still running after a poison row with POISON=stop")
+	err = r.Wait(t, 30*time.Second, "the relay to stop after a poison row with POISON=stop")
+	if !errors.Is(err, publish.ErrPoison) || !strings.Contains(err.Error(), "not valid JSON") {
+		t.Fatalf("relay ended with %v, want a poison error", err)
 	}
 	if got := testenv.ConfirmedFlush(t, e.db, slotName); got > pglsn(last) {
 		t.Fatalf("slot moved to %s past the poison row (%s)", got, pglsn(last))

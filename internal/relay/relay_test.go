@@ -227,14 +227,9 @@ func TestIntegrationDroppedColumnStopsWithoutConfirming(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-r.done:
-		r.done <- err
-		if !errors.Is(err, wal.ErrSchema) {
-			t.Fatalf("relay ended with %v, want a schema error", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay still running after an unmappable row")
+	err = r.Wait(t, 30*time.Second, "the relay to stop after an unmappable row")
+	if !errors.Is(err, wal.ErrSchema) {
+		t.Fatalf("relay ended with %v, want a schema error", err)
 	}
 	if got := testenv.ConfirmedFlush(t, e.db, slotName); got > pglsn(last) {
 		t.Fatalf("slot moved to %s past the unmappable row (%s)", got, pglsn(last))
