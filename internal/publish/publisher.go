@@ -63,7 +63,7 @@ type Publisher struct {
 
 // inflight is a published message awaiting its confirm.
 type inflight struct {
-	dc     *amqp.DeferredConfirmation
+	dc     confirmation
 	seq    uint64
 	id     string
 	weight int64
