@@ -43,6 +43,7 @@ type fakeBroker struct {
 	exchange    string // the relay's exchange
 	dlx         string // dead-letter exchange, "" if none
 	channels    int
+	window      int     // unconfirmed messages a channel may have, if > 0
 	pNack       float64 // chance that a publish is refused
 	stickyNack  bool    // a channel that refused once refuses the rest of its session
 	pUnroutable float64 // chance per session that one routing key has no binding
@@ -70,9 +71,10 @@ type fakeBroker struct {
 }
 
 type logEntry struct {
-	id      string
-	session int
-	tag     uint64
+	id       string
+	session  int
+	tag      uint64
+	returned bool // refused as unroutable rather than nacked
 }
 
 type fate int
@@ -203,8 +205,12 @@ func (c *fakeChannel) PublishWithDeferredConfirmWithContext(ctx context.Context,
 	case m.fate == fateEnqueue:
 		b.log[c.index] = append(b.log[c.index], e)
 	default:
+		e.returned = m.fate == fateReturn
 		k := [2]int{b.session, c.index}
 		b.refused[k] = append(b.refused[k], e)
+	}
+	if b.window > 0 && len(c.out) > b.window {
+		b.problem("channel %d has %d messages unconfirmed, the window is %d", c.index, len(c.out), b.window)
 	}
 	return m, nil
 }
@@ -246,18 +252,40 @@ func (b *fakeBroker) outstanding() []*fakeChannel {
 func (b *fakeBroker) confirmOne(multiple bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.confirm(multiple, false)
+}
+
+// confirmBurst confirms up to n messages of one channel, oldest first, in
+// one go: the publisher then finds several answers (and returns) waiting
+// at once instead of being woken by each.
+func (b *fakeBroker) confirmBurst(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for range n {
+		if !b.confirm(false, true) {
+			return
+		}
+	}
+}
+
+// confirm is confirmOne, or the oldest outstanding message of the first
+// busy channel with oldest. Caller holds mu.
+func (b *fakeBroker) confirm(multiple, oldest bool) bool {
 	chans := b.outstanding()
 	if len(chans) == 0 {
 		return false
 	}
 	c := chans[b.rng.IntN(len(chans))]
+	if oldest {
+		c = chans[0]
+	}
 	tags := make([]uint64, 0, len(c.out))
 	for t := range c.out {
 		tags = append(tags, t)
 	}
 	slices.Sort(tags)
 	i := b.rng.IntN(len(tags))
-	if b.wellBehaved && b.rng.IntN(2) == 0 {
+	if oldest || (b.wellBehaved && b.rng.IntN(2) == 0) {
 		i = 0 // mostly in order, so the final run makes progress
 	}
 	ack := c.out[tags[i]].fate != fateNack
