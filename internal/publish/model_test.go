@@ -733,7 +733,7 @@ func TestPipelineModel(t *testing.T) {
 			total.add(runModel(t, seed, modelOptsFrom(opts)))
 		})
 		if !ok {
-			t.Logf("reproduce with seed %d opts %v", seed, opts)
+			t.Logf("to replay it, add {\"name\", %d, []byte{%s}} to modelCases (goroutine scheduling still varies)", seed, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(opts)), ", "), "[]"))
 			break
 		}
 	}
