@@ -31,9 +31,37 @@ type Link struct {
 // lane is one confirm-mode channel with its own notifications. Messages on
 // one lane keep their order; lanes are independent of each other.
 type lane struct {
-	ch      *amqp.Channel
+	ch      channel
 	returns chan amqp.Return
 	closed  chan *amqp.Error
+}
+
+// channel is what a lane needs of a confirm-mode AMQP channel. Dial wraps
+// an *amqp.Channel (amqpChannel); the pipeline's model test puts a fake
+// broker here that mimics amqp091-go's confirm and close semantics.
+type channel interface {
+	PublishWithDeferredConfirmWithContext(ctx context.Context, exchange, key string, mandatory, immediate bool, msg amqp.Publishing) (confirmation, error)
+	IsClosed() bool
+}
+
+// confirmation is the broker's answer to one publish, as
+// *amqp.DeferredConfirmation gives it: Done is closed once the message is
+// acked or nacked, or its channel closed (then Acked is false).
+type confirmation interface {
+	Done() <-chan struct{}
+	Acked() bool
+}
+
+// amqpChannel is the real channel.
+type amqpChannel struct{ *amqp.Channel }
+
+func (c amqpChannel) PublishWithDeferredConfirmWithContext(ctx context.Context, exchange, key string, mandatory, immediate bool, msg amqp.Publishing) (confirmation, error) {
+	dc, err := c.Channel.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, immediate, msg)
+	if err != nil {
+		// A nil *DeferredConfirmation must not become a non-nil interface.
+		return nil, err
+	}
+	return dc, nil
 }
 
 // DialOptions configure Dial.
@@ -106,7 +134,7 @@ func (l *Link) setup(o DialOptions) error {
 			return fmt.Errorf("enable publisher confirms: %w", err)
 		}
 		l.lanes = append(l.lanes, &lane{
-			ch:      ch,
+			ch:      amqpChannel{ch},
 			returns: ch.NotifyReturn(make(chan amqp.Return, max(o.Window, 1))),
 			closed:  ch.NotifyClose(make(chan *amqp.Error, 1)),
 		})

@@ -63,7 +63,7 @@ type Publisher struct {
 
 // inflight is a published message awaiting its confirm.
 type inflight struct {
-	dc     *amqp.DeferredConfirmation
+	dc     confirmation
 	seq    uint64
 	id     string
 	weight int64
@@ -142,14 +142,26 @@ func (p *Publisher) spread(ctx context.Context, g *errgroup.Group, n int) []<-ch
 				close(o)
 			}
 		}()
-		for ev := range p.In {
+		for {
+			// Waiting for In must watch ctx too: after a lane fails, Run
+			// returns only once this goroutine does, and an idle outbox
+			// may send nothing for hours.
+			var ev wal.Event
+			select {
+			case e, ok := <-p.In:
+				if !ok {
+					return nil
+				}
+				ev = e
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 			select {
 			case outs[LaneOf(ev.RoutingKey, n)] <- ev:
 			case <-ctx.Done():
 				return ctx.Err()
 			}
 		}
-		return nil
 	})
 	return ins
 }
