@@ -143,3 +143,67 @@ func memoryBudgetRSS(t *testing.T, pid int) (rss, peak int64) {
 	}
 	return rss, peak
 }
+
+// TestIntegrationLargeRowMemory measures what one large row costs the
+// relay, with the default limits: a row just under
+// CDCRELAY_MAX_MESSAGE_BYTES is received, copied out and published; a row
+// four times the limit is judged poison straight from the receive buffer,
+// never copied, so it costs about its size once, not twice.
+func TestIntegrationLargeRowMemory(t *testing.T) {
+	const (
+		mib   = 1 << 20
+		limit = 16 * mib
+		big   = 4 * limit
+	)
+	e := newEnv(t, testenv.PostgresOptions{}, "mem.#")
+	p := memoryBudgetProcess(t, e, map[string]string{"LOG_LEVEL": "info", "MAX_MESSAGE_BYTES": "16MiB"})
+	pid := p.Cmd.Process.Pid
+	testenv.WaitSlotActive(t, e.db, slotName, 30*time.Second)
+	time.Sleep(time.Second)
+	baseline, _ := memoryBudgetRSS(t, pid)
+
+	insertLarge := func(size int) string {
+		t.Helper()
+		var id string
+		err := e.db.QueryRow(context.Background(), `
+			INSERT INTO event_outbox (routing_key, payload)
+			SELECT 'mem.k', jsonb_build_object('event_type', 'TestEvent', 'pad', string_agg(md5(g::text), '')) FROM generate_series(1, $1 / 32) g
+			RETURNING id::text`, size).Scan(&id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	// A row far above the limit is parked without a copy.
+	id := insertLarge(big)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var attempts int
+		if err := e.db.QueryRow(context.Background(), `SELECT attempts FROM event_outbox WHERE id = $1::uuid`, id).Scan(&attempts); err != nil {
+			t.Fatal(err)
+		}
+		if attempts == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the oversize row was not parked")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, parkedPeak := memoryBudgetRSS(t, pid)
+
+	// A row just under the limit is published: received and copied.
+	memoryBudgetWaitIDs(t, e.consumer, []string{insertLarge(limit - mib)}, 2*time.Minute)
+	_, publishedPeak := memoryBudgetRSS(t, pid)
+
+	if exited, err := p.Exited(); exited {
+		t.Fatalf("relay exited: %v", err)
+	}
+	t.Logf("RSS before %d MiB; peak after a %d MiB row parked %d MiB; peak after a %d MiB row published %d MiB",
+		baseline>>10, big/mib, parkedPeak>>10, (limit-mib)/mib, publishedPeak>>10)
+	// Received once (its size) plus the runtime's slack; a copy would add
+	// its size again.
+	if grown := parkedPeak - baseline; grown > (big+big/2)>>10 {
+		t.Fatalf("a %d MiB oversize row grew the peak by %d MiB: it was copied before being judged", big/mib, grown>>10)
+	}
+}
