@@ -265,12 +265,12 @@ func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, stri
 // down after a frame error and may have sent part of the message).
 func (p *Publisher) publishError(ev *wal.Event, err error) error {
 	if transport(err) {
-		return fmt.Errorf("publish event %s: %w", Clip(ev.ID), err)
+		return fmt.Errorf("publish event %s: %w", LogID(ev.ID), err)
 	}
 	reason := "the client library could not encode it: " + clipText(err.Error())
 	p.Refused.add(ev, reason)
 	p.Log.Error("the client library refused to encode an event; the session ends and the next one parks it",
-		"event", Clip(ev.ID), "reason", reason)
+		"event", LogID(ev.ID), "reason", reason)
 	return &EncodeError{ID: ev.ID, Reason: reason}
 }
 
@@ -288,9 +288,9 @@ func (p *Publisher) frameMax() int {
 func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (inflight, error) {
 	p.Metrics.poison.Inc()
 	if p.Poison == Stop {
-		return f, fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, Clip(ev.ID), reason)
+		return f, fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, LogID(ev.ID), reason)
 	}
-	p.Log.Error("parking poison event: left unpublished with last_error set", "event", Clip(ev.ID), "reason", reason,
+	p.Log.Error("parking poison event: left unpublished with last_error set", "event", LogID(ev.ID), "reason", reason,
 		"dead_letter_exchange", p.DeadLetterExchange)
 	f.parked = reason
 	if p.DeadLetterExchange == "" {
@@ -304,12 +304,12 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 	if why := Unsendable(p.DeadLetterExchange, key, &msg, p.frameMax()); why != "" {
 		// Never expected (deadLetter builds a sendable message); parking
 		// without the copy beats a restart loop.
-		p.Log.Error("poison event not dead-lettered: its dead letter cannot be sent", "event", Clip(ev.ID), "reason", why)
+		p.Log.Error("poison event not dead-lettered: its dead letter cannot be sent", "event", LogID(ev.ID), "reason", why)
 		return f, nil
 	}
 	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, msg)
 	if err != nil {
-		return f, fmt.Errorf("dead-letter event %s: %w", Clip(ev.ID), err)
+		return f, fmt.Errorf("dead-letter event %s: %w", LogID(ev.ID), err)
 	}
 	p.Metrics.inFlight.Inc()
 	f.dc = dc

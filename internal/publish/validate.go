@@ -158,6 +158,15 @@ func Clip(s string) string {
 	return fmt.Sprintf("%s…(%d bytes)", s[:cut], len(s))
 }
 
+// LogID is an event id as logs and errors show it: whole when it fits
+// AMQP's message_id, clipped when it is over-long (and so poison).
+func LogID(id string) string {
+	if len(id) <= maxShortString {
+		return id
+	}
+	return Clip(id)
+}
+
 // clipText bounds a free-form text that may quote a value, such as an
 // error from the client library, which quotes the whole over-long string.
 func clipText(s string) string {
@@ -184,7 +193,7 @@ type EncodeError struct {
 }
 
 func (e *EncodeError) Error() string {
-	return fmt.Sprintf("publish event %s: the client library could not encode it: %s", Clip(e.ID), e.Reason)
+	return fmt.Sprintf("publish event %s: the client library could not encode it: %s", LogID(e.ID), e.Reason)
 }
 
 // transport reports whether err from a publish came from the connection

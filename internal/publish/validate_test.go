@@ -280,3 +280,13 @@ func TestDeadLetterLongID(t *testing.T) {
 		t.Fatalf("dead letter unsendable: %s", reason)
 	}
 }
+
+func TestLogID(t *testing.T) {
+	id := strings.Repeat("i", 255)
+	if LogID(id) != id {
+		t.Fatal("an id that fits message_id was clipped")
+	}
+	if got := LogID(id + "i"); got != strings.Repeat("i", 64)+"…(256 bytes)" {
+		t.Fatalf("LogID = %q", got)
+	}
+}
