@@ -68,7 +68,7 @@ type Config struct {
 
 	Poison             string   `env:"POISON, default=park"`
 	DeadLetterExchange string   `env:"DEAD_LETTER_EXCHANGE"`
-	MaxMessageBytes    ByteSize `env:"MAX_MESSAGE_BYTES, default=128MiB"`
+	MaxMessageBytes    ByteSize `env:"MAX_MESSAGE_BYTES, default=16MiB"`
 
 	LogLevel  string `env:"LOG_LEVEL, default=info"`
 	LogFormat string `env:"LOG_FORMAT, default=text"`

@@ -27,11 +27,16 @@ const (
 	Stop
 )
 
-// maxShortString is AMQP's limit for exchange names and routing keys.
+// maxShortString is AMQP's limit for a short string: exchange names,
+// routing keys, header table keys and every string property.
 const maxShortString = 255
 
 // HeaderError carries the reason on a dead-lettered event.
 const HeaderError = "cdcrelay-error"
+
+// HeaderID carries a dead-lettered event's id when it is too long for
+// message_id.
+const HeaderID = "cdcrelay-id"
 
 // Check returns why ev cannot be published as a message, or "" if it can.
 // Only properties of the event count; the broker's state never makes an
@@ -68,11 +73,18 @@ func deadLetter(ev *wal.Event, reason string, maxMessageBytes int64) amqp.Publis
 	if len(ev.RoutingKey) <= maxShortString {
 		headers["cdcrelay-routing-key"] = ev.RoutingKey
 	}
+	// An id too long for message_id (a text id column) travels in full as
+	// a header, a long string: the dead letter itself must be sendable.
+	id := ev.ID
+	if len(id) > maxShortString {
+		headers[HeaderID] = id
+		id = ""
+	}
 	return amqp.Publishing{
 		Headers:      headers,
 		ContentType:  "application/octet-stream",
 		DeliveryMode: amqp.Persistent,
-		MessageId:    ev.ID,
+		MessageId:    id,
 		Timestamp:    ev.CommitTime,
 		Body:         body,
 	}

@@ -51,6 +51,16 @@ type Publisher struct {
 	Poison           PoisonPolicy
 	// DeadLetterExchange, if set, receives parked poison events.
 	DeadLetterExchange string
+	// Refused, if set, remembers across sessions the events the client
+	// library refused to encode, and makes the publisher park them.
+	Refused *Refusals
+	// Budget, if set, is the session's byte budget (MaxInFlightBytes),
+	// shared with whoever feeds In: it took each event's weight
+	// (wal.Event.Weight) before sending it, so the events waiting in In
+	// count too (invariant 6, docs/reliability.md). The publisher gives the
+	// weight back once the event's confirm or park is handled. If nil, the
+	// publisher takes the weight itself before each publish.
+	Budget *semaphore.Weighted
 	// Drained is closed once In is closed and every published message is
 	// confirmed: the reader then sends its final status update.
 	Drained chan<- struct{}
@@ -83,7 +93,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 	// enter the full FIFO). The bytes semaphore bounds the size across all
 	// lanes.
 	window := max(p.MaxInFlight/len(lanes), 1)
-	bytes := semaphore.NewWeighted(p.MaxInFlightBytes)
+	bytes := p.Budget
+	if bytes == nil {
+		bytes = semaphore.NewWeighted(p.MaxInFlightBytes)
+	}
 	// A failed session leaves its messages unconfirmed; they are not in
 	// flight any more once it is gone.
 	p.Metrics.inFlight.Set(0)
@@ -191,12 +204,14 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 			return ctx.Err()
 		}
 		// An event larger than the byte budget takes all of it and goes alone.
-		weight := min(int64(ev.Size()), p.MaxInFlightBytes)
+		weight := ev.Weight(p.MaxInFlightBytes)
 		if err := slots.Acquire(ctx, 1); err != nil {
 			return err
 		}
-		if err := bytes.Acquire(ctx, weight); err != nil {
-			return err
+		if p.Budget == nil { // else the producer of In took it
+			if err := bytes.Acquire(ctx, weight); err != nil {
+				return err
+			}
 		}
 		f, err := p.publish(ctx, l, &ev)
 		if err != nil {
@@ -215,26 +230,19 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 // never become a valid message.
 func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event) (inflight, error) {
 	f := inflight{seq: ev.Seq, id: ev.ID, sent: time.Now(), commit: ev.CommitTime}
-	reason := Check(ev, p.MaxMessageBytes)
-	var msg amqp.Publishing
-	if reason == "" {
-		var err error
-		if msg, err = Message(ev); err != nil {
-			reason = err.Error()
-		}
-	}
-	if reason != "" {
-		return p.poison(ctx, l, ev, f, reason)
-	}
 	exchange := p.Exchange
 	if ev.Exchange != "" {
 		exchange = ev.Exchange
+	}
+	msg, reason := p.build(ev, exchange)
+	if reason != "" {
+		return p.poison(ctx, l, ev, f, reason)
 	}
 	// mandatory: an unroutable message comes back as basic.return, which is
 	// a failure, never a silent drop.
 	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, ev.RoutingKey, true, false, msg)
 	if err != nil {
-		return f, fmt.Errorf("publish event %s: %w", ev.ID, err)
+		return f, p.publishError(ev, err)
 	}
 	failpoint.Hit(failpoint.AfterPublish)
 	p.Metrics.published.Inc()
@@ -244,15 +252,57 @@ func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event) (inflig
 	return f, nil
 }
 
+// build makes ev's message, or says why it can never be sent: the decision
+// is taken on the message as the client library will encode it, so that
+// only a transport failure can make its publish fail.
+func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, string) {
+	if reason := p.Refused.reason(ev); reason != "" {
+		return amqp.Publishing{}, reason
+	}
+	if reason := Check(ev, p.MaxMessageBytes); reason != "" {
+		return amqp.Publishing{}, reason
+	}
+	msg, err := Message(ev)
+	if err != nil {
+		return amqp.Publishing{}, clipText(err.Error())
+	}
+	return msg, Unsendable(exchange, ev.RoutingKey, &msg, p.frameMax())
+}
+
+// publishError classifies a failed publish. A transport failure ends the
+// session and is retried from the slot. Anything else is the client
+// library refusing to encode this event: the row's own content, which
+// must not become a restart loop; it is remembered so that the next session
+// parks it (the session still ends, since the library shuts the connection
+// down after a frame error and may have sent part of the message).
+func (p *Publisher) publishError(ev *wal.Event, err error) error {
+	if transport(err) {
+		return fmt.Errorf("publish event %s: %w", LogID(ev.ID), err)
+	}
+	reason := "the client library could not encode it: " + clipText(err.Error())
+	p.Refused.add(ev, reason)
+	p.Log.Error("the client library refused to encode an event; the session ends and the next one parks it",
+		"event", LogID(ev.ID), "reason", reason)
+	return &EncodeError{ID: ev.ID, Reason: reason}
+}
+
+// frameMax is the frame size negotiated with the broker, 0 if unknown.
+func (p *Publisher) frameMax() int {
+	if p.Link == nil || p.Link.Conn == nil {
+		return 0
+	}
+	return p.Link.Conn.Config.FrameSize
+}
+
 // poison applies the policy to an event that can never be published. Only
 // the event's own content leads here: transport failures never do, so they
 // never count as attempts.
 func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (inflight, error) {
 	p.Metrics.poison.Inc()
 	if p.Poison == Stop {
-		return f, fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, ev.ID, reason)
+		return f, fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, LogID(ev.ID), reason)
 	}
-	p.Log.Error("parking poison event: left unpublished with last_error set", "event", ev.ID, "reason", reason,
+	p.Log.Error("parking poison event: left unpublished with last_error set", "event", LogID(ev.ID), "reason", reason,
 		"dead_letter_exchange", p.DeadLetterExchange)
 	f.parked = reason
 	if p.DeadLetterExchange == "" {
@@ -262,9 +312,16 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 	if len(key) > maxShortString {
 		key = ""
 	}
-	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, deadLetter(ev, reason, p.MaxMessageBytes))
+	msg := deadLetter(ev, reason, p.MaxMessageBytes)
+	if why := Unsendable(p.DeadLetterExchange, key, &msg, p.frameMax()); why != "" {
+		// Never expected (deadLetter builds a sendable message); parking
+		// without the copy beats a restart loop.
+		p.Log.Error("poison event not dead-lettered: its dead letter cannot be sent", "event", LogID(ev.ID), "reason", why)
+		return f, nil
+	}
+	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, msg)
 	if err != nil {
-		return f, fmt.Errorf("dead-letter event %s: %w", ev.ID, err)
+		return f, fmt.Errorf("dead-letter event %s: %w", LogID(ev.ID), err)
 	}
 	p.Metrics.inFlight.Inc()
 	f.dc = dc
@@ -409,5 +466,6 @@ func closedError(what string, e *amqp.Error, ok bool) error {
 	if !ok || e == nil {
 		return fmt.Errorf("%w: %s closed", ErrClosed, what)
 	}
-	return fmt.Errorf("%w: %s closed: %d %s", ErrClosed, what, e.Code, e.Reason)
+	// The reason may quote a whole over-long value (a frame error).
+	return fmt.Errorf("%w: %s closed: %d %s", ErrClosed, what, e.Code, clipText(e.Reason))
 }

@@ -24,7 +24,8 @@ import (
 )
 
 // eventBuffer is how many decoded events may wait between the reader and
-// the publisher; the in-flight window sits behind it.
+// the publisher; the in-flight window sits behind it. Their bytes count
+// against the session's byte budget with those in flight (budget).
 const eventBuffer = 256
 
 // Marker records the fate of events on their rows (the janitor): Mark for
@@ -62,6 +63,9 @@ type Relay struct {
 	metrics *metrics
 	walM    *wal.Metrics
 	pubM    *publish.Metrics
+	// refused outlives sessions: events the client library could not
+	// encode, parked by the next session instead of published again.
+	refused *publish.Refusals
 
 	role  atomic.Int32
 	alive atomic.Int64 // unix nanos of the reader's last turn
@@ -96,6 +100,7 @@ func New(cfg config.Config, marker Marker, log *slog.Logger, reg prometheus.Regi
 			Schema: schema, Table: table,
 			ID: cfg.IDColumn, RoutingKey: cfg.RoutingKeyColumn, Payload: cfg.PayloadColumn,
 			Headers: cfg.HeadersColumn, Exchange: cfg.ExchangeColumn, MessageType: cfg.TypeColumn,
+			MaxMessageBytes: int64(cfg.MaxMessageBytes),
 		},
 		target:  slot.Target{Publication: cfg.Publication, Slot: cfg.Slot, Schema: schema, Table: table},
 		poison:  map[string]publish.PoisonPolicy{config.PoisonPark: publish.Park, config.PoisonStop: publish.Stop}[cfg.Poison],
@@ -104,6 +109,7 @@ func New(cfg config.Config, marker Marker, log *slog.Logger, reg prometheus.Regi
 		metrics: newMetrics(reg, cfg.Slot),
 		walM:    wal.NewMetrics(reg),
 		pubM:    publish.NewMetrics(reg),
+		refused: &publish.Refusals{},
 	}, nil
 }
 
@@ -307,16 +313,19 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	r.log.Info("created replication slot; publishing the rows committed before it", "consistent_point", created.ConsistentPoint)
 	began := time.Now()
 	seq := slot.NewWatermark(0)
+	rows := make(chan wal.Event)
 	events := make(chan wal.Event, eventBuffer)
 	drained := make(chan struct{})
 	publisher := r.publisher(link, events, acks{seq, r.marker}, drained)
+	publisher.Budget = r.budget()
 	var n int
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		var err error
-		n, err = slot.Backfill(gctx, db, created, r.mapping, seq, events)
+		n, err = slot.Backfill(gctx, db, created, r.mapping, seq, rows)
 		return err
 	})
+	g.Go(func() error { return r.budgeted(gctx, publisher.Budget, rows, events) })
 	g.Go(func() error { return publisher.Run(gctx) })
 	if err := g.Wait(); err != nil {
 		return 0, fmt.Errorf("publish backlog: %w", err)
@@ -341,12 +350,15 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	marks := slot.NewWatermark(start)
 	events := make(chan wal.Event, eventBuffer)
 	drained := make(chan struct{})
+	budget := r.budget()
 	reader := &wal.Reader{
 		Conn: repl, Decoder: wal.NewDecoder(r.mapping), Marks: marks, Out: events,
 		StatusInterval: interval, Timeout: 3 * interval, Stop: ctx.Done(), Drained: drained,
 		Log: r.log, Metrics: r.walM, Alive: &r.alive,
+		Budget: budget, BudgetBytes: int64(r.cfg.MaxInFlightBytes),
 	}
 	publisher := r.publisher(link, events, acks{marks, r.marker}, drained)
+	publisher.Budget = budget
 	r.log.Info("streaming", "from", start, "status_interval", interval)
 	r.alive.Store(time.Now().UnixNano())
 	r.setRole(RoleStreaming)
@@ -367,7 +379,7 @@ func (r *Relay) publisher(link *publish.Link, in <-chan wal.Event, a publish.Ack
 		MaxInFlight: r.cfg.MaxInFlight, MaxInFlightBytes: int64(r.cfg.MaxInFlightBytes),
 		ConfirmTimeout: r.cfg.ConfirmTimeout, Drained: drained,
 		MaxMessageBytes: int64(r.cfg.MaxMessageBytes), Poison: r.poison, DeadLetterExchange: r.cfg.DeadLetterExchange,
-		Log: r.log, Metrics: r.pubM,
+		Log: r.log, Metrics: r.pubM, Refused: r.refused,
 	}
 }
 

@@ -22,6 +22,9 @@ type Mapping struct {
 	Schema, Table                  string
 	ID, RoutingKey, Payload        string
 	Headers, Exchange, MessageType string
+	// MaxMessageBytes, if positive, is CDCRELAY_MAX_MESSAGE_BYTES: a row
+	// larger than this is poison, judged before its values are copied.
+	MaxMessageBytes int64
 }
 
 // Event is one outbox row, ready to publish. Its byte slices are owned by
@@ -49,6 +52,12 @@ type Event struct {
 // Size is the event's weight against the in-flight byte budget.
 func (e *Event) Size() int {
 	return len(e.ID) + len(e.RoutingKey) + len(e.Payload) + len(e.Headers) + len(e.Exchange) + len(e.Type)
+}
+
+// Weight is what the event takes from a byte budget of limit bytes: its
+// size, or the whole budget when it is larger, so it goes alone.
+func (e *Event) Weight(limit int64) int64 {
+	return min(int64(e.Size()), limit)
 }
 
 // Kind says what a decoded message means to the relay.
@@ -185,6 +194,14 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	if ev.ID, err = d.text(m.Tuple, rel.id, d.mapping.ID); err != nil {
 		return Step{}, fmt.Errorf("%w: %w", ErrSchema, err)
 	}
+	// An oversize row is judged before it is copied: it already sits once
+	// in the receive buffer, and a copy would double that for a row that
+	// can only be parked. Only its id is kept.
+	if reason := d.oversize(m.Tuple, rel); reason != "" {
+		ev.Problem = reason
+		d.index++
+		return Step{Kind: KindEvent, Event: ev}, nil
+	}
 	// A row with an id but a NULL routing key or payload is poison, not a
 	// broken stream: it is reported with its id and the stream goes on.
 	if ev.RoutingKey, err = d.text(m.Tuple, rel.key, d.mapping.RoutingKey); err != nil {
@@ -202,6 +219,25 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	ev.Type = string(optional(m.Tuple, rel.msgType))
 	d.index++
 	return Step{Kind: KindEvent, Event: ev}, nil
+}
+
+// oversize says why a row is too large to publish, or "" when it is not.
+func (d *Decoder) oversize(tuple []Value, rel *relation) string {
+	limit := d.mapping.MaxMessageBytes
+	if limit <= 0 {
+		return ""
+	}
+	if n := len(tuple[rel.payload].Data); int64(n) > limit {
+		return fmt.Sprintf("payload is %d bytes, above CDCRELAY_MAX_MESSAGE_BYTES (%d)", n, limit)
+	}
+	n := 0
+	for _, v := range tuple {
+		n += len(v.Data)
+	}
+	if int64(n) > limit {
+		return fmt.Sprintf("row is %d bytes, above CDCRELAY_MAX_MESSAGE_BYTES (%d)", n, limit)
+	}
+	return ""
 }
 
 func (d *Decoder) text(tuple []Value, at int, name string) (string, error) {

@@ -35,6 +35,13 @@ type Reader struct {
 	Decoder *Decoder
 	Marks   Marks
 	Out     chan<- Event // closed by Run when it returns
+	// Budget, if set, is the byte budget of BudgetBytes shared with the
+	// publisher: the reader takes an event's Weight before sending it to
+	// Out and the publisher gives it back once the event is confirmed or
+	// parked, so decoded events waiting in Out count against the same bound
+	// as those in flight (invariant 6, docs/reliability.md).
+	Budget      Budget
+	BudgetBytes int64
 
 	// StatusInterval bounds the time between two status updates; use at
 	// most min(10s, wal_sender_timeout/2).
@@ -71,6 +78,12 @@ type Reader struct {
 	// which keeps a timer and an allocation off the per-message path.
 	recv       context.Context //nolint:containedctx // reused across receives on purpose, see above
 	recvCancel context.CancelFunc
+}
+
+// Budget is a byte budget (golang.org/x/sync/semaphore.Weighted fits).
+type Budget interface {
+	TryAcquire(n int64) bool
+	Acquire(ctx context.Context, n int64) error
 }
 
 // progressDelay is how soon an advanced position is reported, so the slot
@@ -125,8 +138,15 @@ func (r *Reader) Run(ctx context.Context) error {
 	}
 }
 
-// offer waits for room in Out while keeping status updates flowing.
+// offer takes the event's weight from the byte budget, then waits for room
+// in Out, keeping status updates flowing all along: the reader never blocks
+// on the broker.
 func (r *Reader) offer(ctx context.Context, ev *Event) error {
+	if r.Budget != nil {
+		if ok, err := r.reserve(ctx, ev.Weight(r.BudgetBytes)); !ok || err != nil {
+			return err // !ok: Stop was closed; the event is not sent
+		}
+	}
 	select { // the common case: room at once, no timer needed
 	case r.Out <- *ev:
 		return nil
@@ -148,6 +168,34 @@ func (r *Reader) offer(ctx context.Context, ev *Event) error {
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+	}
+}
+
+// reserve takes n bytes of the budget, waiting in turns of progressDelay
+// with a status update after each. It reports false when Stop was closed
+// first. A session that ends drops its budget with it, so bytes taken for
+// an event that was never sent need not be given back.
+func (r *Reader) reserve(ctx context.Context, n int64) (bool, error) {
+	if r.Budget.TryAcquire(n) {
+		return true, nil
+	}
+	for {
+		wait, cancel := context.WithTimeout(ctx, progressDelay)
+		err := r.Budget.Acquire(wait, n)
+		cancel()
+		if err == nil {
+			r.lastRecv = time.Now() // waiting here was not listening either
+			return true, nil
+		}
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if r.stopped() {
+			return false, nil
+		}
+		if err := r.maybeSendStatus(false); err != nil {
+			return false, err
 		}
 	}
 }

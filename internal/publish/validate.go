@@ -1,0 +1,227 @@
+package publish
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// frameOverhead is what a frame adds to its payload: type, channel, size
+// and the frame-end octet. amqp091-go chunks bodies by frame size minus
+// this, and RabbitMQ closes the connection on a frame above its frame_max.
+const frameOverhead = 8
+
+// contentHeaderFixed is the content header frame's fixed part: class id,
+// weight, body size and property flags.
+const contentHeaderFixed = 2 + 2 + 8 + 2
+
+// Unsendable returns why msg, published to exchange with routing key key,
+// can never be sent, or "" when it can. It walks the message exactly as
+// amqp091-go's encoder does (write.go: basicPublish, headerFrame.write,
+// writeTable, writeField): the exchange and routing key, every short string
+// property, header table keys at any depth, the value types a table may
+// hold, and the size of the content header frame against the negotiated
+// frame size (frameMax; 0 when none was negotiated). A message it accepts
+// encodes without error, so a failed publish of it is the transport's
+// fault, never the row's.
+func Unsendable(exchange, key string, msg *amqp.Publishing, frameMax int) string {
+	for _, s := range []struct{ name, value string }{
+		{"exchange name", exchange}, {"routing key", key},
+		{"content_type", msg.ContentType}, {"content_encoding", msg.ContentEncoding},
+		{"correlation_id", msg.CorrelationId}, {"reply_to", msg.ReplyTo},
+		{"expiration", msg.Expiration}, {"message_id", msg.MessageId},
+		{"type", msg.Type}, {"user_id", msg.UserId}, {"app_id", msg.AppId},
+	} {
+		if len(s.value) > maxShortString {
+			return fmt.Sprintf("%s is %d bytes; AMQP allows %d: %q", s.name, len(s.value), maxShortString, Clip(s.value))
+		}
+	}
+	size := contentHeaderFixed + propertiesSize(msg)
+	if len(msg.Headers) > 0 {
+		n, reason := tableSize(msg.Headers, "headers")
+		if reason != "" {
+			return reason
+		}
+		size += 4 + n
+	}
+	if frameMax > 0 && size > frameMax-frameOverhead {
+		return fmt.Sprintf("message properties (headers included) encode to %d bytes, above the broker's frame size of %d", size, frameMax)
+	}
+	if size > 1<<32-1 {
+		return fmt.Sprintf("message properties (headers included) encode to %d bytes, above AMQP's 4 GiB frame limit", size)
+	}
+	return ""
+}
+
+// propertiesSize is the encoded size of every property but the headers:
+// what headerFrame.write puts after the property flags.
+func propertiesSize(msg *amqp.Publishing) int {
+	n := 0
+	for _, s := range []string{msg.ContentType, msg.ContentEncoding, msg.CorrelationId, msg.ReplyTo,
+		msg.Expiration, msg.MessageId, msg.Type, msg.UserId, msg.AppId} {
+		if s != "" {
+			n += 1 + len(s)
+		}
+	}
+	if msg.DeliveryMode > 0 {
+		n++
+	}
+	if msg.Priority > 0 {
+		n++
+	}
+	if !msg.Timestamp.IsZero() {
+		n += 8
+	}
+	return n
+}
+
+// tableSize is the encoded size of a table's entries (writeTable, without
+// its 4-byte length), or why it cannot be encoded. path names the table
+// in the reason, with over-long keys clipped.
+func tableSize(t amqp.Table, path string) (int, string) {
+	n := 0
+	for k, v := range t {
+		at := path + "[" + fmt.Sprintf("%q", Clip(k)) + "]"
+		if len(k) > maxShortString {
+			return 0, fmt.Sprintf("header key %s is %d bytes; AMQP allows %d", at, len(k), maxShortString)
+		}
+		f, reason := fieldSize(v, at)
+		if reason != "" {
+			return 0, reason
+		}
+		n += 1 + len(k) + f
+	}
+	return n, ""
+}
+
+// fieldSize is the encoded size of one table or array value, type octet
+// included (writeField), or why amqp091-go refuses it.
+func fieldSize(v any, path string) (int, string) {
+	switch x := v.(type) {
+	case nil:
+		return 1, ""
+	case bool, byte, int8:
+		return 2, ""
+	case int16, uint16:
+		return 3, ""
+	case int, int32, uint32, float32:
+		return 5, ""
+	case int64, float64, time.Time:
+		return 9, ""
+	case amqp.Decimal:
+		return 6, ""
+	case string:
+		return 5 + len(x), ""
+	case []byte:
+		return 5 + len(x), ""
+	case []any:
+		n := 5
+		for i, e := range x {
+			f, reason := fieldSize(e, fmt.Sprintf("%s[%d]", path, i))
+			if reason != "" {
+				return 0, reason
+			}
+			n += f
+		}
+		return n, ""
+	case amqp.Table:
+		n, reason := tableSize(x, path)
+		return 1 + 4 + n, reason
+	default:
+		return 0, fmt.Sprintf("header %s has type %T, which AMQP tables cannot carry", path, v)
+	}
+}
+
+// clipAt is how much of an over-long value logs and last_error show.
+const clipAt = 64
+
+// Clip shortens s for logs and reasons: the first 64 bytes (cut on a
+// character boundary) and the full size, so one oversize value cannot
+// flood the logs or last_error.
+func Clip(s string) string {
+	if len(s) <= clipAt {
+		return s
+	}
+	cut := clipAt
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s…(%d bytes)", s[:cut], len(s))
+}
+
+// LogID is an event id as logs and errors show it: whole when it fits
+// AMQP's message_id, clipped when it is over-long (and so poison).
+func LogID(id string) string {
+	if len(id) <= maxShortString {
+		return id
+	}
+	return Clip(id)
+}
+
+// clipText bounds a free-form text that may quote a value, such as an
+// error from the client library, which quotes the whole over-long string.
+func clipText(s string) string {
+	const maxText = 4 * clipAt
+	if len(s) <= maxText {
+		return s
+	}
+	cut := maxText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s…(%d bytes)", s[:cut], len(s))
+}
+
+// EncodeError is a publish that the client library refused while encoding
+// the message, not while sending it: the event's own content is at fault.
+// amqp091-go may have buffered the basic.publish method frame before its
+// content header failed to encode, and it shuts the connection down after
+// any frame error, so the session must end; the relay parks the event
+// (ID, CommitLSN, Index) before publishing it in the next session.
+type EncodeError struct {
+	ID     string
+	Reason string // clipped
+}
+
+func (e *EncodeError) Error() string {
+	return fmt.Sprintf("publish event %s: the client library could not encode it: %s", LogID(e.ID), e.Reason)
+}
+
+// transport reports whether err from a publish came from the connection
+// (closed, reset, timed out, cancelled) rather than from encoding. Every
+// error that touched the socket carries one of these; the encoder's own
+// errors are plain text (amqp091-go's writeShortstr, Table.Validate,
+// writeTable) or its syntax and field-type errors. A transport failure
+// must never make a row poison (invariant 3, docs/reliability.md), so only
+// errors positively free of these count as encoding errors.
+func transport(err error) bool {
+	var amqpErr *amqp.Error
+	if errors.As(err, &amqpErr) {
+		return amqpErr != amqp.ErrSyntax && amqpErr != amqp.ErrFieldType
+	}
+	var netErr net.Error
+	var errno syscall.Errno
+	var alert tls.AlertError
+	var record tls.RecordHeaderError
+	if errors.As(err, &netErr) || errors.As(err, &errno) || errors.As(err, &alert) || errors.As(err, &record) {
+		return true
+	}
+	for _, e := range []error{context.Canceled, context.DeadlineExceeded, io.EOF, io.ErrUnexpectedEOF,
+		io.ErrShortWrite, io.ErrClosedPipe, net.ErrClosed} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	// crypto/tls and bufio may report a dead connection as plain text.
+	return strings.Contains(err.Error(), "use of closed network connection") ||
+		strings.Contains(err.Error(), "broken pipe") || strings.Contains(err.Error(), "connection reset")
+}

@@ -1,0 +1,48 @@
+package wal
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestDecoderJudgesOversizeRowsBeforeCopying: a row above MaxMessageBytes
+// (its payload alone, or all its values together) becomes a poison event
+// that keeps only its id, with a reason naming the size; nothing else is
+// copied out of the receive buffer. Rows within the limit are untouched.
+func TestDecoderJudgesOversizeRowsBeforeCopying(t *testing.T) {
+	m := testMapping
+	m.MaxMessageBytes = 1000
+	tests := []struct {
+		name    string
+		vals    []*string
+		problem string // "" = a normal event
+	}{
+		{"within the limit", []*string{s("a"), s("k"), s(`"` + strings.Repeat("p", 900) + `"`), s(`{"h":1}`)}, ""},
+		{"payload above", []*string{s("b"), s("k"), s(`"` + strings.Repeat("p", 1200) + `"`), nil}, "payload is 1202 bytes, above CDCRELAY_MAX_MESSAGE_BYTES (1000)"},
+		{"row above", []*string{s("c"), s("k"), s(`"` + strings.Repeat("p", 600) + `"`), s(`{"h":"` + strings.Repeat("h", 600) + `"}`)}, "row is 1212 bytes, above CDCRELAY_MAX_MESSAGE_BYTES (1000)"},
+	}
+	d := NewDecoder(m)
+	for _, msg := range [][]byte{encBegin(1, 1), encRelation(1, "public", "event_outbox", "id", "routing_key", "payload", "headers")} {
+		if _, err := d.Decode(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			step, err := d.Decode(encInsert(1, tt.vals...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := step.Event
+			if step.Kind != KindEvent || ev.ID != *tt.vals[0] || ev.Problem != tt.problem {
+				t.Fatalf("step %v event %q problem %q, want %q", step.Kind, ev.ID, ev.Problem, tt.problem)
+			}
+			if tt.problem != "" && (ev.Payload != nil || ev.Headers != nil || ev.RoutingKey != "") {
+				t.Fatalf("an oversize row was copied: payload %d bytes, headers %d bytes", len(ev.Payload), len(ev.Headers))
+			}
+			if tt.problem == "" && len(ev.Payload) != 902 {
+				t.Fatalf("payload %d bytes", len(ev.Payload))
+			}
+		})
+	}
+}
