@@ -359,14 +359,16 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 		StatusInterval: interval, Timeout: 3 * interval, Stop: ctx.Done(),
 		Log: r.log, Metrics: r.walM, Alive: &r.alive,
 	}
-	sessionAcks := newAcks(hard, marks, r.marker)
-	reader.Drained = sessionAcks.settled(hard, drained)
+	// A confirm loop waiting for room among unwritten marks must end with
+	// the session, whichever side fails: hence gctx, not hard.
+	g, gctx := errgroup.WithContext(hard)
+	sessionAcks := newAcks(gctx, marks, r.marker)
+	reader.Drained = sessionAcks.settled(gctx, drained)
 	publisher := r.publisher(link, events, sessionAcks, drained)
 	r.log.Info("streaming", "from", start, "status_interval", interval)
 	r.alive.Store(time.Now().UnixNano())
 	r.setRole(RoleStreaming)
 
-	g, gctx := errgroup.WithContext(hard)
 	g.Go(func() error { return reader.Run(gctx) })
 	g.Go(func() error { return publisher.Run(gctx) })
 	err := g.Wait()
