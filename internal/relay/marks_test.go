@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/cdcrelay/cdcrelay/internal/publish"
+	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
@@ -324,4 +325,24 @@ func TestIntegrationMarksGracefulStop(t *testing.T) {
 		t.Fatalf("slot confirmed %s after the stop, not past the last transaction (%s)", got, last)
 	}
 	t.Logf("graceful stop took %s; all rows marked and confirmed", took.Round(time.Millisecond))
+}
+
+// TestIntegrationMarksStandbyJanitorIdle: a hot standby's janitor has
+// nothing to mark, so it never connects, while the streaming relay marks.
+func TestIntegrationMarksStandbyJanitorIdle(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	a := e.startRelay(map[string]string{"MARK_INTERVAL": "20ms"})
+	a.waitStreaming(t)
+	b := e.startRelay(map[string]string{"MARK_INTERVAL": "20ms", "STANDBY_RETRY": "200ms"})
+	b.WaitFor(t, 30*time.Second, "standby", func() bool { return b.relay.Role() == relay.RoleStandby })
+	rows, _ := insertTxns(t, e.db, "k", 20)
+	waitAll(t, e.consumer, rows, 30*time.Second)
+	waitMarked(t, e, rows, 10*time.Second)
+	time.Sleep(time.Second) // 50 mark ticks on the standby
+	if n := gauge(t, b.reg, "cdcrelay_janitor_connects_total"); n != 0 {
+		t.Fatalf("the standby's janitor made %v connection attempts", n)
+	}
+	if n := gauge(t, a.reg, "cdcrelay_janitor_connects_total"); n < 1 {
+		t.Fatalf("the streaming relay's janitor never connected (%v) yet rows are marked", n)
+	}
 }
