@@ -299,8 +299,72 @@ func TestIntegrationMarksLatencyFigures(t *testing.T) {
 		slices.Sort(s)
 		return s[int(p*float64(len(s)-1))].Round(time.Millisecond)
 	}
-	t.Logf("%d single-row transactions: commit->consumer p50 %s max %s; commit->slot confirmed p50 %s max %s",
+	t.Logf("%d single-row transactions one at a time: commit->consumer p50 %s max %s; commit->slot confirmed p50 %s max %s",
 		n, q(deliver, 0.5), q(deliver, 1), q(confirm, 0.5), q(confirm, 1))
+
+	steady := marksSteadyConfirmLag(t, e, 5*time.Second, 10*time.Millisecond)
+	t.Logf("%d single-row transactions at 100/s: commit->slot confirmed p50 %s p99 %s max %s",
+		len(steady), q(steady, 0.5), q(steady, 0.99), q(steady, 1))
+}
+
+// marksSteadyConfirmLag commits one single-row transaction every gap for
+// d while sampling the slot's confirmed position, and returns, per
+// transaction, the time from its commit until the slot passed it.
+func marksSteadyConfirmLag(t *testing.T, e *env, d, gap time.Duration) []time.Duration {
+	t.Helper()
+	type sample struct {
+		at  time.Time
+		lsn pglogrepl.LSN
+	}
+	type txn struct {
+		at   time.Time
+		last pglogrepl.LSN
+	}
+	var samples []sample
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		db := e.connect()
+		for {
+			var lsn pglogrepl.LSN
+			err := db.QueryRow(context.Background(), `SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, marksSlot).Scan(&lsn)
+			if err != nil {
+				t.Errorf("sample the slot: %v", err)
+				return
+			}
+			samples = append(samples, sample{time.Now(), lsn})
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	var txns []txn
+	var rows []row
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(gap) {
+		r, last := insertTxns(t, e.db, "k", 1)
+		txns = append(txns, txn{time.Now(), last})
+		rows = append(rows, r...)
+	}
+	waitAll(t, e.consumer, rows, 30*time.Second)
+	testenv.WaitConfirmed(t, e.db, marksSlot, txns[len(txns)-1].last+1, 30*time.Second)
+	time.Sleep(50 * time.Millisecond)
+	close(stop)
+	<-sampled
+	lags := make([]time.Duration, 0, len(txns))
+	i := 0
+	for _, x := range txns {
+		for i < len(samples) && samples[i].lsn <= x.last {
+			i++
+		}
+		if i == len(samples) {
+			t.Fatalf("no sample saw the slot pass %s", x.last)
+		}
+		lags = append(lags, max(samples[i].at.Sub(x.at), 0))
+	}
+	return lags
 }
 
 // TestIntegrationMarksGracefulStop: with a long mark interval, a graceful
