@@ -1,357 +1,495 @@
-// Package janitor keeps the outbox table tidy behind the relay: it marks
-// acknowledged events published_at in batches and deletes old published
-// rows.
+// Package janitor writes the fate of each event on its outbox row behind
+// the relay: published_at for acknowledged events, attempts and last_error
+// for parked poison ones.
+//
+// A mark is part of the slot's position (invariant 10, docs/reliability.md):
+// the relay tells its watermark about an event only when the janitor calls
+// the event's completion callback, after the UPDATE that marked the row has
+// committed, the row was parked, or the row was found gone. So the slot
+// never passes a row that is not marked, and after any crash the events
+// whose marks were not written are streamed, published and marked again.
 package janitor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Options configure a Janitor.
 type Options struct {
-	DatabaseURL       string
-	Schema, Table     string
-	IDColumn          string
-	MarkInterval      time.Duration // how often acked ids are flushed
-	MarkBatch         int           // ids per UPDATE
-	Retention         time.Duration // published rows older than this are deleted
-	RetentionInterval time.Duration
-	RetentionBatch    int
-	// Active reports whether this process streams the slot; retention runs
-	// only then, so a hot standby puts no load on the primary.
-	Active func() bool
+	DatabaseURL   string
+	Schema, Table string
+	IDColumn      string
+	MarkInterval  time.Duration // how often queued marks are written
+	MarkBatch     int           // ids per UPDATE
+	// MaxPending bounds the marks queued and not yet written (default
+	// 100,000). At the bound Mark waits, which stops the publisher's
+	// confirm loop and so the publisher: back-pressure, never a drop.
+	MaxPending int
+	// BackoffMin and BackoffMax bound the wait after a failed connection
+	// or statement; it doubles (with jitter) from BackoffMin (default
+	// MarkInterval) up to BackoffMax (default 5s).
+	BackoffMin, BackoffMax time.Duration
 }
 
-// maxPending bounds the acked ids held while the database cannot be
-// written. Dropping one only leaves its row unmarked: it is not lost, it
-// may be published again by a later snapshot backfill.
-const maxPending = 1 << 20
+// Defaults and bounds.
+const (
+	defaultMaxPending = 100_000
+	// maxParked bounds the parked events waiting to be recorded; Park
+	// waits at the bound. Poison is rare: reaching it means recording fails.
+	maxParked = 1000
+	// unseenFor is how long a row that no flush can find is tried again
+	// before it counts as gone. The relay can receive a transaction an
+	// instant before its rows are visible to other sessions (longer while
+	// a synchronous standby lags); a row still missing after unseenFor is
+	// taken as deleted, and its event counts as done for the slot.
+	unseenFor = 10 * time.Second
+	// idleClose is how long the connection stays open without work.
+	idleClose = time.Minute
+	// exitFlush bounds the flush after Run's context ended.
+	exitFlush = 5 * time.Second
+)
 
-// Janitor is a stage: Mark hands it acked ids, Run writes them.
+// entry is an acknowledged event waiting for its row to be marked.
+type entry struct {
+	id     string
+	done   func()    // called once the row is marked or found gone
+	missed time.Time // when a flush first could not find the row; zero: never
+}
+
+// parked is a poison event to record on its row.
+type parked struct {
+	id, reason string
+	done       func()
+}
+
+// Janitor is a stage: Mark and Park queue work, Run writes it.
 type Janitor struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *metrics
 
 	mu      sync.Mutex
-	pending []string
+	pending []entry
 	parked  []parked
-	wake    chan struct{} // a full batch is waiting
+	held    int           // entries taken by a flush and not yet settled
+	room    chan struct{} // closed when the queues shrink; nil: nobody waits
+	wake    chan struct{} // a full batch or a parked event is waiting, or a flush was asked for
 
-	markSQL string // built once the id column's type is known
-	parkSQL string
-	// unseen counts, per id, the flushes that did not find its row. The
-	// relay can receive a transaction from the slot an instant before its
-	// rows are visible to other sessions, so such an id is tried again at
-	// the next flush, up to maxUnseen() times. Only the Run goroutine uses it.
-	unseen map[string]int
-}
-
-// unseenFor is about how long an acked id whose row no flush can see is
-// tried again before the mark is given up; a commit can stay invisible
-// that long while a synchronous standby lags.
-const unseenFor = 10 * time.Second
-
-// maxUnseen is how many flushes may miss an acked id's row before the mark
-// is given up: unseenFor at the mark interval, and never fewer than 20.
-func (j *Janitor) maxUnseen() int {
-	n := 20
-	if j.opts.MarkInterval > 0 {
-		n = max(n, int(unseenFor/j.opts.MarkInterval))
-	}
-	return n
+	// Only the Run goroutine uses the fields below.
+	db        *pgx.Conn
+	lastWork  time.Time
+	retryAt   time.Time     // no attempt before this after a failure
+	backoff   time.Duration // the last wait; zero after a success
+	markSQL   string        // built with the id column's type; rebuilt when it goes stale
+	parkSQL   string
+	parkNoted bool // a park that could not be recorded was reported
 }
 
 // New returns a Janitor; its metrics are registered with reg.
 func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
+	if opts.MaxPending <= 0 {
+		opts.MaxPending = defaultMaxPending
+	}
+	if opts.MarkBatch <= 0 {
+		opts.MarkBatch = 1000
+	}
+	if opts.BackoffMin <= 0 {
+		opts.BackoffMin = max(opts.MarkInterval, 10*time.Millisecond)
+	}
+	if opts.BackoffMax <= 0 {
+		opts.BackoffMax = 5 * time.Second
+	}
+	opts.BackoffMax = max(opts.BackoffMax, opts.BackoffMin)
 	return &Janitor{opts: opts, log: log, metrics: newMetrics(reg), wake: make(chan struct{}, 1)}
 }
 
-// Mark records that the broker acknowledged the event with this id. It
-// never blocks: it is called from the confirm loop.
-func (j *Janitor) Mark(id string) {
-	j.mu.Lock()
-	if len(j.pending) >= maxPending {
-		j.pending = j.pending[1:]
-		j.metrics.dropped.Inc()
+// Mark queues the row of an acknowledged event to be marked published_at;
+// done is called from Run once that is durable (or the row is gone). Mark
+// waits while MaxPending marks are queued, until there is room or ctx
+// ends; it then returns ctx's error and done is never called.
+func (j *Janitor) Mark(ctx context.Context, id string, done func()) error {
+	full := false
+	err := j.enqueue(ctx, func() bool { return len(j.pending)+j.held < j.opts.MaxPending }, func() {
+		j.pending = append(j.pending, entry{id: id, done: done})
+		full = len(j.pending) >= j.opts.MarkBatch
+	})
+	if err == nil && full {
+		j.Flush()
 	}
-	j.pending = append(j.pending, id)
-	full := len(j.pending) >= j.opts.MarkBatch
-	j.mu.Unlock()
-	if full {
-		select {
-		case j.wake <- struct{}{}:
-		default:
-		}
-	}
+	return err
 }
 
-// parked is a poison event to record on its row.
-type parked struct{ id, reason string }
+// Park queues a poison event's row to get attempts+1 and last_error (it
+// stays unpublished); done is called once that is recorded, or once
+// recording turned out impossible (no grant or no such column). It waits
+// like Mark while maxParked events are queued.
+func (j *Janitor) Park(ctx context.Context, id, reason string, done func()) error {
+	err := j.enqueue(ctx, func() bool { return len(j.parked) < maxParked }, func() {
+		j.parked = append(j.parked, parked{id: id, reason: reason, done: done})
+	})
+	if err == nil {
+		j.Flush()
+	}
+	return err
+}
 
-// Park records that the event with this id was parked as poison: its row
-// gets attempts+1 and last_error, and stays unpublished. It never blocks.
-func (j *Janitor) Park(id, reason string) {
-	j.mu.Lock()
-	j.parked = append(j.parked, parked{id, reason})
-	j.mu.Unlock()
+// Flush asks Run to write what is queued now rather than at the next tick
+// (still respecting the backoff after a failure). It never blocks.
+func (j *Janitor) Flush() {
 	select {
 	case j.wake <- struct{}{}:
 	default:
 	}
 }
 
-// Run marks, deletes and measures until ctx ends, then flushes the ids it
-// still holds (for at most a few seconds). Statement failures are logged,
-// counted and retried; they never stop the relay.
-func (j *Janitor) Run(ctx context.Context) error {
-	var db *pgx.Conn
-	defer func() { j.flushOnExit(db) }()
-	mark := time.NewTicker(j.opts.MarkInterval)
-	defer mark.Stop()
-	retention := time.NewTicker(j.opts.RetentionInterval)
-	defer retention.Stop()
+// enqueue runs add under mu once fits holds, waiting for room until ctx
+// ends. Nothing is ever dropped to make room.
+func (j *Janitor) enqueue(ctx context.Context, fits func() bool, add func()) error {
 	for {
-		var task func(context.Context, *pgx.Conn) error
-		select {
-		case <-ctx.Done():
+		j.mu.Lock()
+		if fits() {
+			add()
+			j.mu.Unlock()
 			return nil
-		case <-mark.C:
-			task = j.flush
-		case <-j.wake:
-			task = j.flush
-		case <-retention.C:
-			task = j.retain
 		}
-		var err error
-		if db, err = j.conn(ctx, db); err == nil {
-			err = task(ctx, db)
+		if j.room == nil {
+			j.room = make(chan struct{})
 		}
-		if err != nil && ctx.Err() == nil {
-			j.metrics.errors.Inc()
-			j.log.Warn("janitor statement failed; will retry", "error", err)
-			if db != nil && db.IsClosed() {
-				db = nil
-			}
+		room := j.room
+		j.mu.Unlock()
+		j.metrics.waits.Inc()
+		j.Flush()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for room among the unwritten marks: %w", ctx.Err())
 		}
 	}
 }
 
-// conn returns db, or a new connection when there is none.
-func (j *Janitor) conn(ctx context.Context, db *pgx.Conn) (*pgx.Conn, error) {
-	if db != nil && !db.IsClosed() {
-		return db, nil
+// freed wakes the callers waiting for room. Caller holds mu.
+func (j *Janitor) freed() {
+	if j.room != nil {
+		close(j.room)
+		j.room = nil
 	}
+}
+
+// Pending returns how many marks and parks wait to be written.
+func (j *Janitor) Pending() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.pending) + j.held + len(j.parked)
+}
+
+// Run writes queued marks until ctx ends, then flushes what it still holds
+// (for at most a few seconds). It connects only when there is work, backs
+// off after a failure, and never stops the relay.
+func (j *Janitor) Run(ctx context.Context) error {
+	defer j.flushOnExit()
+	tick := time.NewTicker(j.opts.MarkInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-j.wake:
+		}
+		j.turn(ctx)
+	}
+}
+
+// turn writes the queued work if there is any and the backoff allows.
+func (j *Janitor) turn(ctx context.Context) {
+	now := time.Now()
+	if j.Pending() == 0 {
+		if j.db != nil && now.Sub(j.lastWork) > idleClose {
+			j.closeDB()
+		}
+		return
+	}
+	if now.Before(j.retryAt) {
+		return
+	}
+	j.lastWork = now
+	err := j.write(ctx)
+	if err == nil {
+		if j.backoff > 0 {
+			j.log.Info("janitor writes again")
+		}
+		j.backoff = 0
+		return
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	j.backoff = nextBackoff(j.backoff, j.opts.BackoffMin, j.opts.BackoffMax)
+	wait := jitter(j.backoff)
+	j.retryAt = time.Now().Add(wait)
+	j.metrics.errors.Inc()
+	j.log.Warn("janitor could not write; will retry", "error", err, "retry_in", wait.Round(time.Millisecond), "queued", j.Pending())
+}
+
+// nextBackoff doubles the wait after each failure in a row, from lo up to hi.
+func nextBackoff(prev, lo, hi time.Duration) time.Duration {
+	return min(max(2*prev, lo), hi)
+}
+
+// jitter spreads the retries of many relays over [d/2, d].
+func jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+// write connects if need be, then marks, then records parked events:
+// parking can never hold marking back.
+func (j *Janitor) write(ctx context.Context) error {
+	if err := j.connect(ctx); err != nil {
+		return err
+	}
+	err := j.flushMarks(ctx)
+	if err == nil {
+		err = j.flushParked(ctx)
+	}
+	if err != nil && j.db.IsClosed() {
+		j.db = nil
+	}
+	return err
+}
+
+// connect opens the connection if there is none.
+func (j *Janitor) connect(ctx context.Context) error {
+	if j.db != nil && !j.db.IsClosed() {
+		return nil
+	}
+	j.db = nil
+	j.metrics.connects.Inc()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	db, err := pgx.Connect(cctx, j.opts.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
+		return fmt.Errorf("connect: %w", err)
 	}
-	return db, nil
+	j.db = db
+	return nil
 }
 
-func (j *Janitor) take() []string {
+func (j *Janitor) closeDB() {
+	if j.db != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = j.db.Close(ctx)
+		j.db = nil
+	}
+}
+
+// take moves up to one batch from pending to held.
+func (j *Janitor) take() []entry {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	n := min(len(j.pending), j.opts.MarkBatch)
-	batch := append([]string(nil), j.pending[:n]...)
+	batch := append([]entry(nil), j.pending[:n]...)
 	j.pending = j.pending[n:]
+	j.held += n
 	return batch
 }
 
-func (j *Janitor) putBack(batch []string) {
+// settle ends a taken batch: back in front are those to write again now
+// (the statement failed), at the end those to try at a later flush.
+func (j *Janitor) settle(n int, front, back []entry) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.pending = append(batch, j.pending...)
+	j.held -= n
+	if len(front) > 0 {
+		j.pending = append(front, j.pending...)
+	}
+	j.pending = append(j.pending, back...)
+	j.freed()
 }
 
-// flush records parked events, then marks every pending id, one UPDATE
-// per batch.
-func (j *Janitor) flush(ctx context.Context, db *pgx.Conn) error {
-	if err := j.flushParked(ctx, db); err != nil {
-		return err
-	}
-	var later []string
-	defer func() { j.retryUnseen(later) }()
+// flushMarks marks every queued id, one UPDATE per batch, and calls each
+// entry's done once its row is marked (or counts as gone).
+func (j *Janitor) flushMarks(ctx context.Context) error {
+	var later []entry // still held: a later flush tries them again
+	defer func() { j.settle(len(later), nil, later) }()
 	for {
 		batch := j.take()
 		if len(batch) == 0 {
 			return nil
 		}
-		sql, err := j.markStatement(ctx, db)
+		unseen, err := j.markBatch(ctx, batch)
 		if err != nil {
-			j.putBack(batch)
+			j.settle(len(batch), batch, nil)
 			return err
 		}
-		var marked int64
-		var unseen []string
-		if err := db.QueryRow(ctx, sql, batch).Scan(&marked, &unseen); err != nil {
-			j.putBack(batch)
-			return fmt.Errorf("mark %d events published: %w", len(batch), err)
-		}
-		j.metrics.marked.Add(float64(marked))
-		later = append(later, unseen...)
+		again := j.settleMarked(batch, unseen)
+		later = append(later, again...)
+		j.settle(len(batch)-len(again), nil, nil)
 	}
 }
 
-// retryUnseen queues ids whose rows the last flush could not see for the
-// next one, and gives up on those missed too often (the row was deleted,
-// or is not there at all): they stay unmarked, never wrongly marked.
-func (j *Janitor) retryUnseen(ids []string) {
-	if j.unseen == nil {
-		j.unseen = map[string]int{}
+// markBatch runs the mark statement and returns the ids whose rows it
+// could not find.
+func (j *Janitor) markBatch(ctx context.Context, batch []entry) (map[string]bool, error) {
+	if err := j.statements(ctx); err != nil {
+		return nil, err
 	}
-	seen := make(map[string]bool, len(ids))
-	var again []string
-	for _, id := range ids {
-		seen[id] = true
-		j.unseen[id]++
-		if j.unseen[id] > j.maxUnseen() {
-			delete(j.unseen, id)
-			j.metrics.dropped.Inc()
-			j.log.Warn("acked event's row not found; left unmarked", "event", id)
-			continue
-		}
-		again = append(again, id)
+	ids := make([]string, len(batch))
+	for i, e := range batch {
+		ids[i] = e.id
 	}
-	for id := range j.unseen { // found this time (or not in this flush at all)
-		if !seen[id] && !j.queued(id) {
-			delete(j.unseen, id)
-		}
+	var marked int64
+	var missing []string
+	if err := j.db.QueryRow(ctx, j.markSQL, ids).Scan(&marked, &missing); err != nil {
+		j.forgetStale(err)
+		return nil, fmt.Errorf("mark %d events published: %w", len(batch), err)
 	}
-	if len(again) > 0 {
-		j.mu.Lock()
-		j.pending = append(j.pending, again...)
-		j.mu.Unlock()
+	j.metrics.marked.Add(float64(marked))
+	unseen := make(map[string]bool, len(missing))
+	for _, id := range missing {
+		unseen[id] = true
 	}
+	return unseen, nil
 }
 
-// queued reports whether id still waits in pending.
-func (j *Janitor) queued(id string) bool {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	for _, p := range j.pending {
-		if p == id {
-			return true
+// settleMarked calls done for the entries whose rows are marked (the
+// UPDATE has committed: it ran outside any transaction) and for those
+// missing for unseenFor (gone); it returns the others, to try later.
+func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool) (again []entry) {
+	now := time.Now()
+	gone := 0
+	for _, e := range batch {
+		switch {
+		case !unseen[e.id]:
+			e.done()
+		case e.missed.IsZero():
+			e.missed = now
+			again = append(again, e)
+		case now.Sub(e.missed) < unseenFor:
+			again = append(again, e)
+		default:
+			gone++
+			e.done()
 		}
 	}
-	return false
+	if gone > 0 {
+		j.metrics.gone.Add(float64(gone))
+		j.log.Info("acked events' rows not found; counted as deleted", "events", gone, "missing_for", unseenFor)
+	}
+	return again
 }
 
-// flushParked writes attempts and last_error for parked events. Poison is
-// rare, so one statement per row is fine.
-func (j *Janitor) flushParked(ctx context.Context, db *pgx.Conn) error {
+// flushParked records parked events, one statement per row (poison is
+// rare). A role without the grant, or a table without the columns, gets
+// one report; the rows are skipped all the same.
+func (j *Janitor) flushParked(ctx context.Context) error {
 	j.mu.Lock()
 	todo := j.parked
 	j.parked = nil
 	j.mu.Unlock()
-	if len(todo) == 0 {
-		return nil
-	}
-	if _, err := j.markStatement(ctx, db); err != nil {
-		j.requeueParked(todo)
-		return err
-	}
 	for i, p := range todo {
-		if _, err := db.Exec(ctx, j.parkSQL, p.id, p.reason); err != nil {
-			j.requeueParked(todo[i:])
-			return fmt.Errorf("record parked event %s: %w", p.id, err)
+		if err := j.park(ctx, p); err != nil {
+			j.mu.Lock()
+			j.parked = append(todo[i:], j.parked...)
+			j.mu.Unlock()
+			return err
 		}
-		j.metrics.parked.Inc()
 	}
+	j.mu.Lock()
+	j.freed()
+	j.mu.Unlock()
 	return nil
 }
 
-func (j *Janitor) requeueParked(todo []parked) {
-	j.mu.Lock()
-	j.parked = append(todo, j.parked...)
-	j.mu.Unlock()
+func (j *Janitor) park(ctx context.Context, p parked) error {
+	if err := j.statements(ctx); err != nil {
+		return err
+	}
+	_, err := j.db.Exec(ctx, j.parkSQL, p.id, p.reason)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		j.metrics.parked.Inc()
+	case errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "42703"):
+		j.metrics.parkUnrecorded.Inc()
+		if !j.parkNoted {
+			j.parkNoted = true
+			j.log.Warn("cannot record parked poison events on their rows (grant UPDATE (attempts, last_error), or add the columns); they are skipped unrecorded, marking goes on; reported once",
+				"event", p.id, "error", err)
+		}
+	default:
+		j.forgetStale(err)
+		return fmt.Errorf("record parked event %s: %w", p.id, err)
+	}
+	p.done()
+	return nil
 }
 
-// markStatement builds the UPDATE with the parameter cast to the id
-// column's own type, so the primary key index finds the rows.
-func (j *Janitor) markStatement(ctx context.Context, db *pgx.Conn) (string, error) {
+// forgetStale drops the statements built with the id column's type when
+// an error says that type changed (ALTER COLUMN ... TYPE), so the next
+// flush builds them again.
+func (j *Janitor) forgetStale(err error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return
+	}
+	switch pgErr.Code {
+	case "42883", // operator does not exist: the column is not of the cast type any more
+		"42804", // datatype mismatch
+		"0A000": // cached plan must not change result type
+		j.markSQL, j.parkSQL = "", ""
+		j.log.Info("the outbox id column's type changed; rebuilding the janitor's statements", "error", err)
+	}
+}
+
+// statements builds the UPDATEs with the parameter cast to the id column's
+// own type, so the primary key index finds the rows.
+func (j *Janitor) statements(ctx context.Context) error {
 	if j.markSQL != "" {
-		return j.markSQL, nil
+		return nil
 	}
 	table := pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize()
 	var typ string
-	err := db.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+	err := j.db.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
 		WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped`, table, j.opts.IDColumn).Scan(&typ)
 	if err != nil {
-		return "", fmt.Errorf("look up the type of %s.%s: %w", table, j.opts.IDColumn, err)
+		return fmt.Errorf("look up the type of %s.%s: %w", table, j.opts.IDColumn, err)
 	}
 	id := pgx.Identifier{j.opts.IDColumn}.Sanitize()
 	// One round trip marks the batch and names the ids whose rows this
-	// snapshot cannot see yet (see unseen); rows already marked count as seen.
+	// snapshot cannot see (not visible yet, or gone); rows already marked
+	// count as seen.
 	j.markSQL = fmt.Sprintf(`WITH marked AS (
 			UPDATE %[1]s SET published_at = now() WHERE %[2]s = ANY($1::%[3]s[]) AND published_at IS NULL RETURNING 1)
 		SELECT (SELECT count(*) FROM marked),
 		       coalesce((SELECT array_agg(x::text) FROM unnest($1::%[3]s[]) x
 		                 WHERE NOT EXISTS (SELECT 1 FROM %[1]s WHERE %[2]s = x)), '{}')`, table, id, typ)
 	j.parkSQL = fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = left($2, 2000) WHERE %s = $1::%s AND published_at IS NULL`, table, id, typ)
-	return j.markSQL, nil
-}
-
-// flushOnExit writes what is still queued, connecting if need be, within a
-// few seconds, and closes the connection. What it cannot write stays
-// unmarked: such rows may be published again after a slot recreation.
-func (j *Janitor) flushOnExit(db *pgx.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	j.mu.Lock()
-	idle := len(j.pending) == 0 && len(j.parked) == 0
-	j.mu.Unlock()
-	var err error
-	if !idle {
-		if db, err = j.conn(ctx, db); err == nil {
-			err = j.flush(ctx, db)
-		}
-	}
-	if err != nil {
-		j.log.Warn("could not mark the last acked events published; they stay unmarked", "error", err)
-	}
-	if db != nil {
-		_ = db.Close(ctx)
-	}
-}
-
-// retain deletes published rows older than the retention in bounded
-// batches, each its own short transaction, so no lock is held for long.
-// Rows with published_at NULL never match.
-func (j *Janitor) retain(ctx context.Context, db *pgx.Conn) error {
-	if !j.active() {
-		return nil
-	}
-	table := pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize()
-	sql := fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
-		SELECT ctid FROM %[1]s WHERE published_at < now() - $1::interval LIMIT $2))`, table)
-	for ctx.Err() == nil {
-		tag, err := db.Exec(ctx, sql, j.opts.Retention, j.opts.RetentionBatch)
-		if err != nil {
-			return fmt.Errorf("delete published rows older than %s: %w", j.opts.Retention, err)
-		}
-		j.metrics.deleted.Add(float64(tag.RowsAffected()))
-		if tag.RowsAffected() < int64(j.opts.RetentionBatch) {
-			return nil
-		}
-	}
 	return nil
 }
 
-// Pending returns how many acked ids wait to be marked (for tests).
-func (j *Janitor) Pending() int {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return len(j.pending)
+// flushOnExit writes what is still queued within a few seconds, then
+// closes the connection. What it cannot write is harmless: those events'
+// callbacks were never called, so the slot did not pass them, and the next
+// start publishes and marks them again.
+func (j *Janitor) flushOnExit() {
+	defer j.closeDB()
+	if j.Pending() == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), exitFlush)
+	defer cancel()
+	if err := j.write(ctx); err != nil {
+		j.log.Warn("could not write the last marks; their events will be published and marked again on the next start", "error", err)
+	}
 }
-
-func (j *Janitor) active() bool { return j.opts.Active == nil || j.opts.Active() }

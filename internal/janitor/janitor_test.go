@@ -1,16 +1,38 @@
 package janitor
 
 import (
+	"context"
+	"errors"
 	"log/slog"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 func newTest(batch int) *Janitor {
-	return New(Options{MarkBatch: batch}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	return New(Options{MarkBatch: batch, MarkInterval: 100 * time.Millisecond}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 }
+
+func mustMark(t *testing.T, j *Janitor, id string, done func()) {
+	t.Helper()
+	if err := j.Mark(context.Background(), id, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ids(es []entry) []string {
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.id
+	}
+	return out
+}
+
+func nop() {}
 
 // TestMarkBatches: ids come out in batches of MarkBatch in the order they
 // were acked, a failed batch goes back in front, and a full batch wakes
@@ -18,90 +40,203 @@ func newTest(batch int) *Janitor {
 func TestMarkBatches(t *testing.T) {
 	j := newTest(3)
 	for _, id := range []string{"a", "b"} {
-		j.Mark(id)
+		mustMark(t, j, id, nop)
 	}
 	select {
 	case <-j.wake:
 		t.Fatal("woken before a batch was full")
 	default:
 	}
-	j.Mark("c")
+	mustMark(t, j, "c", nop)
 	select {
 	case <-j.wake:
 	default:
 		t.Fatal("a full batch did not wake the writer")
 	}
-	j.Mark("d")
+	mustMark(t, j, "d", nop)
 	first := j.take()
-	if len(first) != 3 || first[0] != "a" || first[2] != "c" {
-		t.Fatalf("first batch %v", first)
+	if got := ids(first); len(got) != 3 || got[0] != "a" || got[2] != "c" {
+		t.Fatalf("first batch %v", got)
 	}
-	j.putBack(first) // the UPDATE failed
-	if got := j.take(); len(got) != 3 || got[0] != "a" {
+	if j.Pending() != 4 {
+		t.Fatalf("a taken batch is not counted as pending: %d", j.Pending())
+	}
+	j.settle(len(first), first, nil) // the UPDATE failed
+	if got := ids(j.take()); len(got) != 3 || got[0] != "a" {
 		t.Fatalf("after a failure the batch was not retried first: %v", got)
 	}
-	if got := j.take(); len(got) != 1 || got[0] != "d" {
+	if got := ids(j.take()); len(got) != 1 || got[0] != "d" {
 		t.Fatalf("last batch %v", got)
 	}
 	if got := j.take(); len(got) != 0 {
-		t.Fatalf("empty queue gave %v", got)
+		t.Fatalf("empty queue gave %v", ids(got))
 	}
 }
 
 func TestParkQueue(t *testing.T) {
 	j := newTest(10)
-	j.Park("x", "bad json")
+	if err := j.Park(context.Background(), "x", "bad json", nop); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-j.wake:
 	default:
 		t.Fatal("a parked event did not wake the writer")
 	}
-	j.requeueParked([]parked{{"w", "earlier"}})
-	if len(j.parked) != 2 || j.parked[0].id != "w" || j.parked[1].reason != "bad json" {
+	if len(j.parked) != 1 || j.parked[0].id != "x" || j.parked[0].reason != "bad json" {
 		t.Fatalf("parked queue %+v", j.parked)
 	}
 }
 
-// TestRetryUnseen: an id whose row a flush could not see is queued again,
-// forgotten once found, and dropped (unmarked) after maxUnseen() misses.
-func TestRetryUnseen(t *testing.T) {
+// TestSettleMarked: a found row's event is done at once; a missing row's
+// event is tried again until it has been missing for unseenFor, then it
+// counts as gone (done), never as marked before that.
+func TestSettleMarked(t *testing.T) {
 	j := newTest(10)
-	j.retryUnseen([]string{"late", "gone"})
-	if got := j.take(); len(got) != 2 {
-		t.Fatalf("not requeued: %v", got)
+	var done []string
+	mk := func(id string, missed time.Time) entry {
+		return entry{id: id, missed: missed, done: func() { done = append(done, id) }}
 	}
-	j.retryUnseen([]string{"gone"}) // "late" was found
-	if _, ok := j.unseen["late"]; ok {
-		t.Fatal("a found id is still counted")
+	now := time.Now()
+	batch := []entry{
+		mk("found", time.Time{}),
+		mk("first-miss", time.Time{}),
+		mk("late-but-found", now.Add(-5*time.Second)),
+		mk("still-missing", now.Add(-unseenFor/2)),
+		mk("gone", now.Add(-unseenFor-time.Second)),
 	}
-	for range j.maxUnseen() - 1 { // misses 3 to maxUnseen()+1
-		j.take()
-		j.retryUnseen([]string{"gone"})
+	again := j.settleMarked(batch, map[string]bool{"first-miss": true, "still-missing": true, "gone": true})
+	if got := ids(again); len(got) != 2 || got[0] != "first-miss" || got[1] != "still-missing" {
+		t.Fatalf("tried again: %v", got)
 	}
-	if got := j.take(); len(got) != 0 {
-		t.Fatalf("an id missed %d times is still queued: %v", j.maxUnseen()+1, got)
+	if again[0].missed.IsZero() {
+		t.Fatal("a first miss did not start the clock")
 	}
-	if _, ok := j.unseen["gone"]; ok {
-		t.Fatal("a dropped id is still counted")
+	if len(done) != 3 || done[0] != "found" || done[1] != "late-but-found" || done[2] != "gone" {
+		t.Fatalf("done: %v", done)
+	}
+	if n := value(j.metrics.gone); n != 1 {
+		t.Fatalf("gone counter %v", n)
 	}
 }
 
-// TestMaxUnseen: a missing row is retried for about unseenFor whatever the
-// mark interval, and at least 20 times.
-func TestMaxUnseen(t *testing.T) {
-	for _, c := range []struct {
-		interval time.Duration
-		want     int
-	}{
-		{0, 20},
-		{time.Second, 20},
-		{500 * time.Millisecond, 20},
-		{100 * time.Millisecond, 100},
-		{10 * time.Millisecond, 1000},
-	} {
-		j := New(Options{MarkBatch: 10, MarkInterval: c.interval}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-		if got := j.maxUnseen(); got != c.want {
-			t.Errorf("MarkInterval %s: maxUnseen %d, want %d", c.interval, got, c.want)
+// TestMarkWaitsForRoom: at MaxPending, Mark waits (never drops) until a
+// flush makes room, or returns the context's error.
+func TestMarkWaitsForRoom(t *testing.T) {
+	j := New(Options{MarkBatch: 10, MarkInterval: time.Second, MaxPending: 2}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	mustMark(t, j, "a", nop)
+	mustMark(t, j, "b", nop)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := j.Mark(ctx, "c", nop); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Mark at the bound: %v, want it to wait until the context ends", err)
+	}
+	if j.Pending() != 2 {
+		t.Fatalf("pending %d after a refused Mark, want 2 (nothing dropped)", j.Pending())
+	}
+	entered := make(chan error, 1)
+	go func() { entered <- j.Mark(context.Background(), "c", nop) }()
+	select {
+	case err := <-entered:
+		t.Fatalf("Mark returned (%v) without room", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	batch := j.take() // a flush takes both and marks them
+	if j.Pending() != 2 {
+		t.Fatal("taken entries must still count against the bound")
+	}
+	j.settle(len(batch), nil, nil)
+	select {
+	case err := <-entered:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Mark still waits after a flush made room")
+	}
+	if got := ids(j.take()); len(got) != 1 || got[0] != "c" {
+		t.Fatalf("queue %v, want [c]", got)
+	}
+	if n := value(j.metrics.waits); n < 2 {
+		t.Fatalf("back-pressure waits counted %v", n)
+	}
+}
+
+// TestBackoffSchedule: the wait doubles from lo to hi; jitter stays
+// within [d/2, d].
+func TestBackoffSchedule(t *testing.T) {
+	var d time.Duration
+	var got []time.Duration
+	for range 8 {
+		d = nextBackoff(d, 100*time.Millisecond, time.Second)
+		got = append(got, d)
+	}
+	want := []time.Duration{100, 200, 400, 800, 1000, 1000, 1000, 1000}
+	for i := range want {
+		if got[i] != want[i]*time.Millisecond {
+			t.Fatalf("schedule %v, want %v ms", got, want)
 		}
 	}
+	for range 1000 {
+		if w := jitter(time.Second); w < 500*time.Millisecond || w > time.Second {
+			t.Fatalf("jitter(1s) = %s", w)
+		}
+	}
+}
+
+// TestLazyConnectWithBackoff: with nothing queued the janitor never
+// connects (a hot standby puts no load on the primary); with work and an
+// unreachable database it retries on the backoff schedule, not every tick.
+func TestLazyConnectWithBackoff(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dials atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			dials.Add(1)
+			_ = c.Close() // a server that refuses every session
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close() })
+	j := New(Options{
+		DatabaseURL: "postgres://x@" + ln.Addr().String() + "/db?sslmode=disable&connect_timeout=1",
+		Schema:      "public", Table: "event_outbox", IDColumn: "id", MarkBatch: 10,
+		MarkInterval: 10 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: 400 * time.Millisecond,
+	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = j.Run(ctx) }()
+	time.Sleep(500 * time.Millisecond) // 50 ticks with nothing to do
+	if n := value(j.metrics.connects); n != 0 || dials.Load() != 0 {
+		t.Fatalf("idle janitor made %v connection attempts (%d dials)", n, dials.Load())
+	}
+	mustMark(t, j, "a", nop)
+	time.Sleep(3 * time.Second) // 300 ticks
+	cancel()
+	<-done
+	// Schedule 10, 20, 40, ... 400 ms, each jittered down to half at most:
+	// at most about 6 + 3s/200ms = 21 attempts (plus the exit flush), far
+	// below one per tick.
+	n := value(j.metrics.connects)
+	t.Logf("%v connection attempts in 3 s at a 10 ms mark interval (%d dials)", n, dials.Load())
+	if n < 4 || n > 22 {
+		t.Fatalf("%v connection attempts in 3 s, want between 4 and 22 (the backoff schedule)", n)
+	}
+	if j.Pending() != 1 {
+		t.Fatalf("the unwritten mark was dropped: pending %d", j.Pending())
+	}
+}
+
+func value(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
 }

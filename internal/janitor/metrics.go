@@ -3,27 +3,22 @@ package janitor
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	marked, deleted, errors, dropped, parked prometheus.Counter
+	marked, errors, parked, parkUnrecorded, gone, waits, connects prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
-		marked: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "cdcrelay_janitor_marked_total", Help: "Outbox rows marked published_at after the broker acknowledged them.",
-		}),
-		deleted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "cdcrelay_janitor_deleted_total", Help: "Published outbox rows deleted by retention.",
-		}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "cdcrelay_janitor_errors_total", Help: "Janitor statements that failed (retried; streaming goes on).",
-		}),
-		parked: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "cdcrelay_janitor_parked_total", Help: "Poison events recorded on their rows (attempts+1, last_error).",
-		}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "cdcrelay_janitor_marks_dropped_total", Help: "Acked ids dropped unmarked because the database could not be written for too long.",
-		}),
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 	}
-	reg.MustRegister(m.marked, m.deleted, m.errors, m.dropped, m.parked)
+	m := &metrics{
+		marked:         c("cdcrelay_janitor_marked_total", "Outbox rows marked published_at after the broker acknowledged them."),
+		errors:         c("cdcrelay_janitor_errors_total", "Janitor connections or statements that failed (retried with backoff; streaming goes on)."),
+		parked:         c("cdcrelay_janitor_parked_total", "Poison events recorded on their rows (attempts+1, last_error)."),
+		parkUnrecorded: c("cdcrelay_janitor_park_unrecorded_total", "Poison events skipped without a record on their row: the role lacks UPDATE (attempts, last_error) or the table lacks those columns."),
+		gone:           c("cdcrelay_janitor_rows_gone_total", "Acked events whose rows no flush found for 10s: counted as deleted, so the slot may pass them."),
+		waits:          c("cdcrelay_janitor_backpressure_waits_total", "Times an ack waited for room among the unwritten marks (the publisher pauses meanwhile)."),
+		connects:       c("cdcrelay_janitor_connects_total", "Janitor connection attempts (made only when there is work, with backoff after failures)."),
+	}
+	reg.MustRegister(m.marked, m.errors, m.parked, m.parkUnrecorded, m.gone, m.waits, m.connects)
 	return m
 }

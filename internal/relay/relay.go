@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,10 +30,16 @@ import (
 const eventBuffer = 256
 
 // Marker records the fate of events on their rows (the janitor): Mark for
-// acknowledged ones, Park for poison ones.
+// acknowledged ones, Park for poison ones. It calls done once the row is
+// marked, parked or found gone; only then does the slot's watermark learn
+// of the event, so the slot never passes an unmarked row (invariant 10,
+// docs/reliability.md). Mark and Park may wait for room until ctx ends
+// (back-pressure on the confirm loop); then done is never called. Flush
+// asks for the queued work to be written now.
 type Marker interface {
-	Mark(id string)
-	Park(id, reason string)
+	Mark(ctx context.Context, id string, done func()) error
+	Park(ctx context.Context, id, reason string, done func()) error
+	Flush()
 }
 
 // Role is what the relay is doing now.
@@ -316,10 +323,11 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	rows := make(chan wal.Event)
 	events := make(chan wal.Event, eventBuffer)
 	drained := make(chan struct{})
-	publisher := r.publisher(link, events, acks{seq, r.marker}, drained)
-	publisher.Budget = r.budget()
 	var n int
 	g, gctx := errgroup.WithContext(ctx)
+	backlogAcks := newAcks(gctx, seq, r.marker)
+	publisher := r.publisher(link, events, backlogAcks, drained)
+	publisher.Budget = r.budget()
 	g.Go(func() error {
 		var err error
 		n, err = slot.Backfill(gctx, db, created, r.mapping, seq, rows)
@@ -329,6 +337,11 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	g.Go(func() error { return publisher.Run(gctx) })
 	if err := g.Wait(); err != nil {
 		return 0, fmt.Errorf("publish backlog: %w", err)
+	}
+	// The backlog's rows are behind the slot's consistent point: they must
+	// be marked before the adoption ends (invariant 10).
+	if backlogAcks.wait(ctx); ctx.Err() != nil {
+		return 0, ctx.Err()
 	}
 	if err := slot.EndAdoption(ctx, db, r.cfg.Slot); err != nil {
 		return 0, err
@@ -353,17 +366,21 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	budget := r.budget()
 	reader := &wal.Reader{
 		Conn: repl, Decoder: wal.NewDecoder(r.mapping), Marks: marks, Out: events,
-		StatusInterval: interval, Timeout: 3 * interval, Stop: ctx.Done(), Drained: drained,
+		StatusInterval: interval, Timeout: 3 * interval, Stop: ctx.Done(),
 		Log: r.log, Metrics: r.walM, Alive: &r.alive,
 		Budget: budget, BudgetBytes: int64(r.cfg.MaxInFlightBytes),
 	}
-	publisher := r.publisher(link, events, acks{marks, r.marker}, drained)
+	// A confirm loop waiting for room among unwritten marks must end with
+	// the session, whichever side fails: hence gctx, not hard.
+	g, gctx := errgroup.WithContext(hard)
+	sessionAcks := newAcks(gctx, marks, r.marker)
+	reader.Drained = sessionAcks.settled(gctx, drained)
+	publisher := r.publisher(link, events, sessionAcks, drained)
 	publisher.Budget = budget
 	r.log.Info("streaming", "from", start, "status_interval", interval)
 	r.alive.Store(time.Now().UnixNano())
 	r.setRole(RoleStreaming)
 
-	g, gctx := errgroup.WithContext(hard)
 	g.Go(func() error { return reader.Run(gctx) })
 	g.Go(func() error { return publisher.Run(gctx) })
 	err := g.Wait()
@@ -383,25 +400,91 @@ func (r *Relay) publisher(link *publish.Link, in <-chan wal.Event, a publish.Ack
 	}
 }
 
-// acks hands each confirm to the watermark and the janitor.
+// acks hands each confirm to the marker, and the marker's completion to
+// the watermark: an event counts as done for the slot only once its row is
+// marked (or parked, or gone). Without a marker the ack goes straight to
+// the watermark. A late callback of an ended session only moves that
+// session's own, discarded watermark: harmless.
 type acks struct {
+	ctx    context.Context // the session's: a wait for room in the marker ends with it
 	marks  *slot.Watermark
 	marker Marker
+	open   *atomic.Int64 // events handed to the marker and not done yet
+}
+
+func newAcks(ctx context.Context, marks *slot.Watermark, marker Marker) acks {
+	return acks{ctx: ctx, marks: marks, marker: marker, open: new(atomic.Int64)}
 }
 
 func (a acks) Ack(seq uint64, id string) {
-	a.marks.Ack(seq)
-	if a.marker != nil {
-		a.marker.Mark(id)
+	if a.marker == nil {
+		a.marks.Ack(seq)
+		return
+	}
+	a.open.Add(1)
+	if a.marker.Mark(a.ctx, id, a.done(seq)) != nil {
+		a.open.Add(-1) // the session is ending; the slot stays before this event
 	}
 }
 
-// Parked moves the watermark past a poison event: it is recorded on its
-// row (and dead-lettered if configured), never published as is.
+// Parked moves the watermark past a poison event once it is recorded on
+// its row (or recording proved impossible): never published as is.
 func (a acks) Parked(seq uint64, id, reason string) {
-	a.marks.Ack(seq)
-	if a.marker != nil {
-		a.marker.Park(id, reason)
+	if a.marker == nil {
+		a.marks.Ack(seq)
+		return
+	}
+	a.open.Add(1)
+	if a.marker.Park(a.ctx, id, reason, a.done(seq)) != nil {
+		a.open.Add(-1)
+	}
+}
+
+func (a acks) done(seq uint64) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.marks.Ack(seq)
+			a.open.Add(-1)
+		})
+	}
+}
+
+// settled returns a channel closed once after is closed and every event
+// handed to the marker is done (or ctx ends), asking the marker to write
+// at once: the final status update of a graceful stop then includes the
+// marks written during the drain.
+func (a acks) settled(ctx context.Context, after <-chan struct{}) <-chan struct{} {
+	if a.marker == nil {
+		return after
+	}
+	out := make(chan struct{})
+	go func() {
+		select {
+		case <-after:
+		case <-ctx.Done():
+			return // the reader sees ctx end by itself
+		}
+		a.wait(ctx)
+		close(out)
+	}()
+	return out
+}
+
+// wait returns once every event handed to the marker is done, or ctx ends.
+func (a acks) wait(ctx context.Context) {
+	if a.marker == nil {
+		return
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for a.open.Load() > 0 {
+		a.marker.Flush()
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 

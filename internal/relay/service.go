@@ -32,8 +32,7 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 	s.janitor = janitor.New(janitor.Options{
 		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, IDColumn: cfg.IDColumn,
 		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
-		Retention: time.Duration(cfg.Retention), RetentionInterval: time.Duration(cfg.RetentionInterval),
-		RetentionBatch: cfg.RetentionBatch, Active: active,
+		BackoffMin: cfg.MarkInterval, BackoffMax: min(cfg.BackoffMax, 5*time.Second),
 	}, log.With("stage", "janitor"), reg)
 	s.monitor = monitor.New(monitor.Options{
 		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, Slot: cfg.Slot,
