@@ -16,17 +16,11 @@ import (
 
 // Options configure a Janitor.
 type Options struct {
-	DatabaseURL       string
-	Schema, Table     string
-	IDColumn          string
-	MarkInterval      time.Duration // how often acked ids are flushed
-	MarkBatch         int           // ids per UPDATE
-	Retention         time.Duration // published rows older than this are deleted
-	RetentionInterval time.Duration
-	RetentionBatch    int
-	// Active reports whether this process streams the slot; retention runs
-	// only then, so a hot standby puts no load on the primary.
-	Active func() bool
+	DatabaseURL   string
+	Schema, Table string
+	IDColumn      string
+	MarkInterval  time.Duration // how often acked ids are flushed
+	MarkBatch     int           // ids per UPDATE
 }
 
 // maxPending bounds the acked ids held while the database cannot be
@@ -116,8 +110,6 @@ func (j *Janitor) Run(ctx context.Context) error {
 	defer func() { j.flushOnExit(db) }()
 	mark := time.NewTicker(j.opts.MarkInterval)
 	defer mark.Stop()
-	retention := time.NewTicker(j.opts.RetentionInterval)
-	defer retention.Stop()
 	for {
 		var task func(context.Context, *pgx.Conn) error
 		select {
@@ -127,8 +119,6 @@ func (j *Janitor) Run(ctx context.Context) error {
 			task = j.flush
 		case <-j.wake:
 			task = j.flush
-		case <-retention.C:
-			task = j.retain
 		}
 		var err error
 		if db, err = j.conn(ctx, db); err == nil {
@@ -324,34 +314,9 @@ func (j *Janitor) flushOnExit(db *pgx.Conn) {
 	}
 }
 
-// retain deletes published rows older than the retention in bounded
-// batches, each its own short transaction, so no lock is held for long.
-// Rows with published_at NULL never match.
-func (j *Janitor) retain(ctx context.Context, db *pgx.Conn) error {
-	if !j.active() {
-		return nil
-	}
-	table := pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize()
-	sql := fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
-		SELECT ctid FROM %[1]s WHERE published_at < now() - $1::interval LIMIT $2))`, table)
-	for ctx.Err() == nil {
-		tag, err := db.Exec(ctx, sql, j.opts.Retention, j.opts.RetentionBatch)
-		if err != nil {
-			return fmt.Errorf("delete published rows older than %s: %w", j.opts.Retention, err)
-		}
-		j.metrics.deleted.Add(float64(tag.RowsAffected()))
-		if tag.RowsAffected() < int64(j.opts.RetentionBatch) {
-			return nil
-		}
-	}
-	return nil
-}
-
 // Pending returns how many acked ids wait to be marked (for tests).
 func (j *Janitor) Pending() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return len(j.pending)
 }
-
-func (j *Janitor) active() bool { return j.opts.Active == nil || j.opts.Active() }

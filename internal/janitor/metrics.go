@@ -3,16 +3,13 @@ package janitor
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	marked, deleted, errors, dropped, parked prometheus.Counter
+	marked, errors, dropped, parked prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		marked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_janitor_marked_total", Help: "Outbox rows marked published_at after the broker acknowledged them.",
-		}),
-		deleted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "cdcrelay_janitor_deleted_total", Help: "Published outbox rows deleted by retention.",
 		}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_janitor_errors_total", Help: "Janitor statements that failed (retried; streaming goes on).",
@@ -24,6 +21,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "cdcrelay_janitor_marks_dropped_total", Help: "Acked ids dropped unmarked because the database could not be written for too long.",
 		}),
 	}
-	reg.MustRegister(m.marked, m.deleted, m.errors, m.dropped, m.parked)
+	reg.MustRegister(m.marked, m.errors, m.dropped, m.parked)
 	return m
 }

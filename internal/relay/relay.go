@@ -63,8 +63,9 @@ type Relay struct {
 	walM    *wal.Metrics
 	pubM    *publish.Metrics
 
-	role  atomic.Int32
-	alive atomic.Int64 // unix nanos of the reader's last turn
+	role     atomic.Int32
+	alive    atomic.Int64 // unix nanos of the reader's last turn
+	adopting atomic.Bool  // a new slot's backlog is being published
 }
 
 // wedgedAfter is how long a streaming reader may go without a turn of its
@@ -112,6 +113,10 @@ func (r *Relay) Role() Role { return Role(r.role.Load()) }
 
 // Streaming reports whether a session is streaming now.
 func (r *Relay) Streaming() bool { return r.Role() == RoleStreaming }
+
+// Adopting reports whether this relay holds a new slot and publishes the
+// rows committed before it (adoption or slot recreation).
+func (r *Relay) Adopting() bool { return r.adopting.Load() }
 
 func (r *Relay) setRole(role Role) {
 	if Role(r.role.Swap(int32(role))) != role {
@@ -304,12 +309,15 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	if err != nil {
 		return 0, err
 	}
+	r.adopting.Store(true)
+	defer r.adopting.Store(false)
 	r.log.Info("created replication slot; publishing the rows committed before it", "consistent_point", created.ConsistentPoint)
 	began := time.Now()
 	seq := slot.NewWatermark(0)
 	events := make(chan wal.Event, eventBuffer)
 	drained := make(chan struct{})
-	publisher := r.publisher(link, events, acks{seq, r.marker}, drained)
+	// Each confirm counts at once, so the counter shows the adoption's progress.
+	publisher := r.publisher(link, events, acks{seq, r.marker, r.metrics.backfilled}, drained)
 	var n int
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -324,7 +332,6 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	if err := slot.EndAdoption(ctx, db, r.cfg.Slot); err != nil {
 		return 0, err
 	}
-	r.metrics.backfilled.Add(float64(n))
 	r.log.Info("published the backlog", "events", n, "took", time.Since(began).Round(time.Millisecond))
 	return created.ConsistentPoint, nil
 }
@@ -346,7 +353,7 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 		StatusInterval: interval, Timeout: 3 * interval, Stop: ctx.Done(), Drained: drained,
 		Log: r.log, Metrics: r.walM, Alive: &r.alive,
 	}
-	publisher := r.publisher(link, events, acks{marks, r.marker}, drained)
+	publisher := r.publisher(link, events, acks{marks, r.marker, nil}, drained)
 	r.log.Info("streaming", "from", start, "status_interval", interval)
 	r.alive.Store(time.Now().UnixNano())
 	r.setRole(RoleStreaming)
@@ -371,14 +378,19 @@ func (r *Relay) publisher(link *publish.Link, in <-chan wal.Event, a publish.Ack
 	}
 }
 
-// acks hands each confirm to the watermark and the janitor.
+// acks hands each confirm to the watermark and the janitor, and counts it
+// in count if set.
 type acks struct {
 	marks  *slot.Watermark
 	marker Marker
+	count  prometheus.Counter
 }
 
 func (a acks) Ack(seq uint64, id string) {
 	a.marks.Ack(seq)
+	if a.count != nil {
+		a.count.Inc()
+	}
 	if a.marker != nil {
 		a.marker.Mark(id)
 	}
@@ -388,6 +400,9 @@ func (a acks) Ack(seq uint64, id string) {
 // row (and dead-lettered if configured), never published as is.
 func (a acks) Parked(seq uint64, id, reason string) {
 	a.marks.Ack(seq)
+	if a.count != nil {
+		a.count.Inc()
+	}
 	if a.marker != nil {
 		a.marker.Park(id, reason)
 	}
