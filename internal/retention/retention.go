@@ -200,24 +200,31 @@ func (r *Retention) warnOnce(s shape) {
 	}
 }
 
-// indexBatchSQL deletes the next batch of expired published rows at or
-// after the cursor $1 in enqueued_at order, and returns the rows found,
-// the rows deleted and the batch's last enqueued_at (the next cursor). The
-// index scan starts at the cursor, so a batch reads about the rows it
-// deletes however many batches came before it. The cursor is inclusive:
-// rows sharing a timestamp across a batch boundary are not skipped, and
-// rows already deleted are not found again.
-func (r *Retention) indexBatchSQL() string {
-	return fmt.Sprintf(`WITH batch AS MATERIALIZED (
-			SELECT ctid, enqueued_at FROM %[1]s
+// indexSelectSQL finds the next batch of expired published rows at or
+// after the cursor $1, in enqueued_at order. The index scan starts at the
+// cursor, so a batch reads about the rows it deletes however many batches
+// came before it. The cursor is inclusive: rows sharing a timestamp across
+// a batch boundary are not skipped, and rows already deleted are not found
+// again.
+func (r *Retention) indexSelectSQL() string {
+	return fmt.Sprintf(`SELECT ctid, enqueued_at FROM %s
 			WHERE enqueued_at >= $1::timestamptz AND enqueued_at < now() - $2::interval
 			  AND published_at IS NOT NULL AND published_at < now() - $2::interval
-			ORDER BY enqueued_at LIMIT $3),
+			ORDER BY enqueued_at LIMIT $3`, r.table())
+}
+
+// indexBatchSQL deletes the batch indexSelectSQL finds and returns the
+// rows found, the rows deleted and the batch's last enqueued_at (the next
+// cursor). The DELETE checks the predicate again: a row changed since the
+// batch was read is left alone.
+func (r *Retention) indexBatchSQL() string {
+	return fmt.Sprintf(`WITH batch AS MATERIALIZED (%[2]s),
 		gone AS (
 			DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch))
 			  AND published_at IS NOT NULL AND published_at < now() - $2::interval
 			RETURNING 1)
-		SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM gone), (SELECT max(enqueued_at)::timestamptz FROM batch)`, r.table())
+		SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM gone), (SELECT max(enqueued_at)::timestamptz FROM batch)`,
+		r.table(), r.indexSelectSQL())
 }
 
 // oldest is the cursor of a pass's first batch.
@@ -255,8 +262,7 @@ func (r *Retention) byBlocks(ctx context.Context, db *pgx.Conn) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	sql := fmt.Sprintf(`DELETE FROM %s WHERE ctid >= $1::tid AND ctid < $2::tid
-		AND published_at IS NOT NULL AND published_at < now() - $3::interval`, r.table())
+	sql := r.blockBatchSQL()
 	var total int64
 	for lo := int64(0); lo < blocks && r.active(); lo += perBatch {
 		tag, err := db.Exec(ctx, sql, tid(lo), tid(lo+perBatch), r.opts.Retention)
@@ -269,6 +275,13 @@ func (r *Retention) byBlocks(ctx context.Context, db *pgx.Conn) (int64, error) {
 	return total, nil
 }
 
+// blockBatchSQL deletes the expired published rows in the blocks from $1
+// up to $2.
+func (r *Retention) blockBatchSQL() string {
+	return fmt.Sprintf(`DELETE FROM %s WHERE ctid >= $1::tid AND ctid < $2::tid
+		AND published_at IS NOT NULL AND published_at < now() - $3::interval`, r.table())
+}
+
 func tid(block int64) string { return fmt.Sprintf("(%d,0)", block) }
 
 // blocks reads the size of the table's largest heap (the table itself, or
@@ -279,8 +292,9 @@ func (r *Retention) blocks(ctx context.Context, db *pgx.Conn) (blocks, perBatch 
 	err = db.QueryRow(ctx, `
 		SELECT coalesce(max(pg_relation_size(c.oid)) / current_setting('block_size')::int, 0),
 		       coalesce(sum(greatest(c.reltuples, 0)) / nullif(sum(c.relpages), 0), 0)
-		FROM pg_partition_tree($1::regclass) p JOIN pg_class c ON c.oid = p.relid
-		WHERE p.isleaf`, r.table()).Scan(&blocks, &rowsPerBlock)
+		FROM pg_class c
+		WHERE c.relkind IN ('r', 'm') AND (c.oid = $1::regclass
+		      OR c.oid IN (SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf))`, r.table()).Scan(&blocks, &rowsPerBlock)
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the size of %s: %w", r.table(), err)
 	}
