@@ -42,7 +42,7 @@ func retentionBackends(t *testing.T, db *pgx.Conn, name string) int {
 }
 
 // TestIntegrationRetentionDoesNotBlockMarking: while retention deletes
-// 50,000 expired rows in small batches, events inserted one at a time are
+// 50,000 expired rows in batches of 20, events inserted one at a time are
 // published and marked (the janitor used to run retention on its own
 // goroutine and connection, so marking stopped for the whole run).
 // Retention has a connection of its own, closed after the run.
@@ -61,7 +61,7 @@ func TestIntegrationRetentionDoesNotBlockMarking(t *testing.T) {
 	if _, err := e.db.Exec(ctx, `VACUUM ANALYZE event_outbox`); err != nil {
 		t.Fatal(err)
 	}
-	r := e.startRelay(map[string]string{"RETENTION": "7d", "RETENTION_INTERVAL": "1s", "RETENTION_BATCH": "50", "MARK_INTERVAL": "20ms"})
+	r := e.startRelay(map[string]string{"RETENTION": "7d", "RETENTION_INTERVAL": "1s", "RETENTION_BATCH": "20", "MARK_INTERVAL": "20ms"})
 	r.waitStreaming(t)
 	deleted := func() float64 { return gauge(t, r.reg, "cdcrelay_janitor_deleted_total") }
 	r.WaitFor(t, 60*time.Second, "retention started", func() bool { return deleted() > 0 })

@@ -132,14 +132,14 @@ type plan struct {
 	Plans []plan `json:"Plans"`
 }
 
-// indexes lists the indexes the plan scans.
-func (p plan) indexes() []string {
-	var out []string
+// scans lists the indexes the plan scans and its node types ("node:Seq Scan").
+func (p plan) scans() []string {
+	out := []string{"node:" + p.Type}
 	if p.Index != "" {
 		out = append(out, p.Index)
 	}
 	for _, c := range p.Plans {
-		out = append(out, c.indexes()...)
+		out = append(out, c.scans()...)
 	}
 	return out
 }
@@ -164,7 +164,8 @@ func explain(t testing.TB, db *pgx.Conn, sql string, args ...any) plan {
 
 // batchBuffers runs a whole pass batch by batch under EXPLAIN, the way
 // byIndex (or byBlocks when blocks) runs it, and returns the shared
-// buffers (hit + read) each batch touched and the indexes they scanned.
+// buffers (hit + read) each batch touched and the indexes and node types
+// of their plans.
 func batchBuffers(t testing.TB, db *pgx.Conn, r *Retention, blocks bool) ([]int64, map[string]bool) {
 	t.Helper()
 	ctx := context.Background()
@@ -172,7 +173,7 @@ func batchBuffers(t testing.TB, db *pgx.Conn, r *Retention, blocks bool) ([]int6
 	used := map[string]bool{}
 	record := func(p plan) {
 		bufs = append(bufs, p.Hit+p.Read)
-		for _, ix := range p.indexes() {
+		for _, ix := range p.scans() {
 			used[ix] = true
 		}
 	}

@@ -58,16 +58,11 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Retention {
 	return &Retention{opts: opts, log: log, m: newMetrics(reg), warned: map[string]bool{}}
 }
 
-// IndexName is the index migrations/0003_retention_index.sql creates:
-// retention walks it from its oldest entry, so each batch reads only the
-// rows it deletes.
-const IndexName = "event_outbox_published_idx"
-
 // Run runs retention passes until ctx ends. A failed pass is logged and
 // counted and tried again at the next interval; it never stops the relay.
 func (r *Retention) Run(ctx context.Context) error {
 	// Looking at Active is an atomic read, not a statement.
-	poll := time.NewTicker(min(time.Second, r.opts.Interval))
+	poll := time.NewTicker(max(10*time.Millisecond, min(time.Second, r.opts.Interval)))
 	defer poll.Stop()
 	var next time.Time // zero while the relay is not active
 	for {
@@ -207,7 +202,7 @@ func (r *Retention) warnOnce(s shape) {
 // a batch boundary are not skipped, and rows already deleted are not found
 // again.
 func (r *Retention) indexSelectSQL() string {
-	return fmt.Sprintf(`SELECT ctid, enqueued_at FROM %s
+	return fmt.Sprintf(`SELECT tableoid, ctid, enqueued_at FROM %s
 			WHERE enqueued_at >= $1::timestamptz AND enqueued_at < now() - $2::interval
 			  AND published_at IS NOT NULL AND published_at < now() - $2::interval
 			ORDER BY enqueued_at LIMIT $3`, r.table())
@@ -216,11 +211,14 @@ func (r *Retention) indexSelectSQL() string {
 // indexBatchSQL deletes the batch indexSelectSQL finds and returns the
 // rows found, the rows deleted and the batch's last enqueued_at (the next
 // cursor). The DELETE checks the predicate again: a row changed since the
-// batch was read is left alone.
+// batch was read is left alone. It finds the rows by ctid (a TID scan) and
+// tableoid: in a partitioned table a ctid alone names a row in every
+// partition.
 func (r *Retention) indexBatchSQL() string {
 	return fmt.Sprintf(`WITH batch AS MATERIALIZED (%[2]s),
 		gone AS (
 			DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch))
+			  AND (tableoid, ctid) IN (SELECT tableoid, ctid FROM batch)
 			  AND published_at IS NOT NULL AND published_at < now() - $2::interval
 			RETURNING 1)
 		SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM gone), (SELECT max(enqueued_at)::timestamptz FROM batch)`,

@@ -78,8 +78,11 @@ func TestRetentionBatchesFlat(t *testing.T) {
 			r, _ := newTestRetention(url, 1000, &testenv.Buffer{})
 			bufs, used := batchBuffers(t, db, r, c.blocks)
 			checkKept(t, db, before)
-			if !c.blocks && !used["event_outbox_published_idx"] {
-				t.Fatalf("the batches did not scan event_outbox_published_idx (scanned %v)", used)
+			if !c.blocks && (!used["event_outbox_published_idx"] || used["node:Seq Scan"]) {
+				t.Fatalf("the batches did not walk event_outbox_published_idx alone (plans: %v)", used)
+			}
+			if c.blocks && (!used["node:Tid Range Scan"] || used["node:Seq Scan"]) {
+				t.Fatalf("the batches did not use TID range scans (plans: %v)", used)
 			}
 			median, highest := flat(t, c.name, bufs)
 			t.Logf("%s: %d rows deleted, buffers per batch: %s, median %d, highest %d", c.name, before["expired"], summary(bufs), median, highest)
