@@ -230,9 +230,11 @@ func summary(bufs []int64) string {
 }
 
 // deleted reads the deleted-rows counter.
-func deleted(r *Retention) float64 {
+func deleted(r *Retention) float64 { return counterValue(r.m.deleted) }
+
+func counterValue(c prometheus.Counter) float64 {
 	var m dto.Metric
-	if err := r.m.deleted.Write(&m); err != nil {
+	if err := c.Write(&m); err != nil {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
