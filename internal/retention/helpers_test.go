@@ -183,7 +183,7 @@ func batchBuffers(t testing.TB, db *pgx.Conn, r *Retention, blocks bool) ([]int6
 			t.Fatal(err)
 		}
 		for lo := int64(0); lo < n; lo += per {
-			record(explain(t, db, r.blockBatchSQL(), tid(lo), tid(lo+per), testRetention))
+			record(explain(t, db, r.blockBatchSQL(true), tid(lo), tid(lo+per), testRetention))
 		}
 		return bufs, used
 	}

@@ -153,7 +153,7 @@ func (r *Retention) runOnce(ctx context.Context) (int64, error) {
 		return r.byIndex(ctx, db)
 	}
 	r.warnOnce(s)
-	return r.byBlocks(ctx, db)
+	return r.byBlocks(ctx, db, s.enqueuedAt)
 }
 
 // shape is what retention needs to know about the table.
@@ -255,12 +255,12 @@ func (r *Retention) byIndex(ctx context.Context, db *pgx.Conn) (int64, error) {
 // batch reads a bounded number of blocks; a pass reads the whole table
 // once. Rows added during the pass land past its end or in space freed by
 // vacuum; both are new, so none is expired.
-func (r *Retention) byBlocks(ctx context.Context, db *pgx.Conn) (int64, error) {
+func (r *Retention) byBlocks(ctx context.Context, db *pgx.Conn, enqueuedAt bool) (int64, error) {
 	blocks, perBatch, err := r.blocks(ctx, db)
 	if err != nil {
 		return 0, err
 	}
-	sql := r.blockBatchSQL()
+	sql := r.blockBatchSQL(enqueuedAt)
 	var total int64
 	for lo := int64(0); lo < blocks && r.active(); lo += perBatch {
 		tag, err := db.Exec(ctx, sql, tid(lo), tid(lo+perBatch), r.opts.Retention)
@@ -274,10 +274,15 @@ func (r *Retention) byBlocks(ctx context.Context, db *pgx.Conn) (int64, error) {
 }
 
 // blockBatchSQL deletes the expired published rows in the blocks from $1
-// up to $2.
-func (r *Retention) blockBatchSQL() string {
+// up to $2: by the same predicate as the index walk, or by published_at
+// alone when the table has no enqueued_at.
+func (r *Retention) blockBatchSQL(enqueuedAt bool) string {
+	also := ""
+	if enqueuedAt {
+		also = "AND enqueued_at < now() - $3::interval"
+	}
 	return fmt.Sprintf(`DELETE FROM %s WHERE ctid >= $1::tid AND ctid < $2::tid
-		AND published_at IS NOT NULL AND published_at < now() - $3::interval`, r.table())
+		AND published_at IS NOT NULL AND published_at < now() - $3::interval %s`, r.table(), also)
 }
 
 func tid(block int64) string { return fmt.Sprintf("(%d,0)", block) }
