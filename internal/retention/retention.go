@@ -59,7 +59,8 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Retention {
 }
 
 // Run runs retention passes until ctx ends. A failed pass is logged and
-// counted and tried again at the next interval; it never stops the relay.
+// counted and tried again after retryAfter (or Interval if shorter); it
+// never stops the relay.
 func (r *Retention) Run(ctx context.Context) error {
 	// Looking at Active is an atomic read, not a statement.
 	poll := time.NewTicker(max(10*time.Millisecond, min(time.Second, r.opts.Interval)))
@@ -81,21 +82,28 @@ func (r *Retention) Run(ctx context.Context) error {
 		if time.Now().Before(next) {
 			continue
 		}
-		r.pass(ctx)
-		next = time.Now().Add(r.opts.Interval)
+		wait := r.opts.Interval
+		if !r.pass(ctx) {
+			wait = min(wait, retryAfter)
+		}
+		next = time.Now().Add(wait)
 	}
 }
 
-// pass runs one retention pass and records its outcome.
-func (r *Retention) pass(ctx context.Context) {
+// retryAfter is how soon a failed pass (the database restarting, a
+// statement timeout) is tried again.
+const retryAfter = time.Minute
+
+// pass runs one retention pass and records its outcome; false if it failed.
+func (r *Retention) pass(ctx context.Context) bool {
 	began := time.Now()
 	n, err := r.runOnce(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.m.errors.Inc()
-			r.log.Warn("retention failed; will retry at the next interval", "error", err, "deleted", n)
+			r.log.Warn("retention failed; will retry", "error", err, "deleted", n, "retry_in", min(r.opts.Interval, retryAfter))
 		}
-		return
+		return false
 	}
 	r.m.runs.Inc()
 	r.m.lastRun.Set(float64(time.Now().Unix()))
@@ -104,6 +112,7 @@ func (r *Retention) pass(ctx context.Context) {
 		level = slog.LevelInfo
 	}
 	r.log.Log(ctx, level, "retention deleted old published rows", "deleted", n, "took", time.Since(began).Round(time.Millisecond))
+	return true
 }
 
 func (r *Retention) firstDelay() time.Duration {
