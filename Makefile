@@ -4,7 +4,7 @@ GOLANGCI  ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2
 FUZZTIME  ?= 10s
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build demo test test-go test-faults fuzz chart-test bench lint clean
+.PHONY: build demo test test-go test-faults fuzz chart-test bench bench-retention lint clean
 
 build:
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/cdcrelay ./cmd/cdcrelay
@@ -45,6 +45,11 @@ chart-test:
 # BENCHFLAGS=-quick for a one-minute smoke run.
 bench: build
 	$(GO) run ./cmd/cdcrelay-bench -relay bin/cdcrelay $(BENCHFLAGS)
+
+# Retention over 1,000,000 expired rows (1-2 min): buffers per batch, the
+# timed run and marking latency meanwhile; see docs/performance.md.
+bench-retention:
+	$(GO) test -tags retentionbench -run TestRetentionMillion -v -count=1 -timeout 60m ./internal/retention/
 
 lint:
 	$(GOLANGCI) run ./...

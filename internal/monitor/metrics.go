@@ -15,7 +15,7 @@ func newMetrics(reg prometheus.Registerer, slot string) *metrics {
 			Name: "cdcrelay_outbox_unpublished", Help: "Outbox rows with published_at IS NULL.", ConstLabels: labels,
 		}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "cdcrelay_oldest_unpublished_age_seconds", Help: "Age of the oldest outbox row with published_at IS NULL (0 when none).", ConstLabels: labels,
+			Name: "cdcrelay_oldest_unpublished_age_seconds", Help: "Age of the oldest outbox row with published_at IS NULL (0 when none; NaN when the table has no enqueued_at column).", ConstLabels: labels,
 		}),
 		retained: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cdcrelay_slot_retained_wal_bytes", Help: "WAL the slot makes PostgreSQL keep: current WAL position minus restart_lsn.", ConstLabels: labels,

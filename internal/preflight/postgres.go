@@ -85,6 +85,7 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 		if tf.kind == "r" || tf.kind == "p" {
 			fs = append(fs, classifyColumns(t, tf)...)
 			fs = append(fs, classifyParkColumns(t, tf)...)
+			fs = append(fs, s.retention(ctx, tf))
 		}
 	} else {
 		fs = append(fs, tableOK)

@@ -230,6 +230,9 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 // never become a valid message.
 func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event) (inflight, error) {
 	f := inflight{seq: ev.Seq, id: ev.ID, sent: time.Now(), commit: ev.CommitTime}
+	if ev.Backfill { // not a commit time: kept out of commit-to-ack
+		f.commit = time.Time{}
+	}
 	exchange := p.Exchange
 	if ev.Exchange != "" {
 		exchange = ev.Exchange

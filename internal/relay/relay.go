@@ -74,8 +74,9 @@ type Relay struct {
 	// encode, parked by the next session instead of published again.
 	refused *publish.Refusals
 
-	role  atomic.Int32
-	alive atomic.Int64 // unix nanos of the reader's last turn
+	role     atomic.Int32
+	alive    atomic.Int64 // unix nanos of the reader's last turn
+	adopting atomic.Bool  // a new slot's backlog is being published
 }
 
 // wedgedAfter is how long a streaming reader may go without a turn of its
@@ -125,6 +126,10 @@ func (r *Relay) Role() Role { return Role(r.role.Load()) }
 
 // Streaming reports whether a session is streaming now.
 func (r *Relay) Streaming() bool { return r.Role() == RoleStreaming }
+
+// Adopting reports whether this relay holds a new slot and publishes the
+// rows committed before it (adoption or slot recreation).
+func (r *Relay) Adopting() bool { return r.adopting.Load() }
 
 func (r *Relay) setRole(role Role) {
 	if Role(r.role.Swap(int32(role))) != role {
@@ -317,6 +322,8 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	if err != nil {
 		return 0, err
 	}
+	r.adopting.Store(true)
+	defer r.adopting.Store(false)
 	r.log.Info("created replication slot; publishing the rows committed before it", "consistent_point", created.ConsistentPoint)
 	began := time.Now()
 	seq := slot.NewWatermark(0)
@@ -326,6 +333,8 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	var n int
 	g, gctx := errgroup.WithContext(ctx)
 	backlogAcks := newAcks(gctx, seq, r.marker)
+	// Each confirm counts at once, so the counter shows the adoption's progress.
+	backlogAcks.count = r.metrics.backfilled
 	publisher := r.publisher(link, events, backlogAcks, drained)
 	publisher.Budget = r.budget()
 	g.Go(func() error {
@@ -346,7 +355,6 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	if err := slot.EndAdoption(ctx, db, r.cfg.Slot); err != nil {
 		return 0, err
 	}
-	r.metrics.backfilled.Add(float64(n))
 	r.log.Info("published the backlog", "events", n, "took", time.Since(began).Round(time.Millisecond))
 	return created.ConsistentPoint, nil
 }
@@ -409,7 +417,8 @@ type acks struct {
 	ctx    context.Context // the session's: a wait for room in the marker ends with it
 	marks  *slot.Watermark
 	marker Marker
-	open   *atomic.Int64 // events handed to the marker and not done yet
+	open   *atomic.Int64      // events handed to the marker and not done yet
+	count  prometheus.Counter // if set, counts every confirm (adoption progress)
 }
 
 func newAcks(ctx context.Context, marks *slot.Watermark, marker Marker) acks {
@@ -417,6 +426,9 @@ func newAcks(ctx context.Context, marks *slot.Watermark, marker Marker) acks {
 }
 
 func (a acks) Ack(seq uint64, id string) {
+	if a.count != nil {
+		a.count.Inc()
+	}
 	if a.marker == nil {
 		a.marks.Ack(seq)
 		return
@@ -430,6 +442,9 @@ func (a acks) Ack(seq uint64, id string) {
 // Parked moves the watermark past a poison event once it is recorded on
 // its row (or recording proved impossible): never published as is.
 func (a acks) Parked(seq uint64, id, reason string) {
+	if a.count != nil {
+		a.count.Inc()
+	}
 	if a.marker == nil {
 		a.marks.Ack(seq)
 		return

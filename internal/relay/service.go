@@ -11,14 +11,17 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/monitor"
+	"github.com/cdcrelay/cdcrelay/internal/retention"
 )
 
-// Service is the relay with the stages that run beside it: the janitor and
-// the monitor. The relay decides when the service ends; the others follow.
+// Service is the relay with the stages that run beside it: the janitor,
+// retention and the monitor. The relay decides when the service ends; the
+// others follow.
 type Service struct {
-	Relay   *Relay
-	janitor *janitor.Janitor
-	monitor *monitor.Monitor
+	Relay     *Relay
+	janitor   *janitor.Janitor
+	monitor   *monitor.Monitor
+	retention *retention.Retention
 }
 
 // NewService builds the stages from a validated configuration.
@@ -34,9 +37,16 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
 		BackoffMin: cfg.MarkInterval, BackoffMax: min(cfg.BackoffMax, 5*time.Second),
 	}, log.With("stage", "janitor"), reg)
+	s.retention = retention.New(retention.Options{
+		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table,
+		Retention: time.Duration(cfg.Retention), Interval: time.Duration(cfg.RetentionInterval),
+		Batch: cfg.RetentionBatch, Active: active,
+	}, log.With("stage", "retention"), reg)
+	// The monitor also reports the backlog while an adoption publishes it.
+	holder := func() bool { return s.Relay.Streaming() || s.Relay.Adopting() }
 	s.monitor = monitor.New(monitor.Options{
 		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, Slot: cfg.Slot,
-		Interval: cfg.MonitorInterval, Active: active,
+		Interval: cfg.MonitorInterval, Active: holder,
 	}, log.With("stage", "monitor"), reg)
 	if s.Relay, err = New(cfg, s.janitor, log, reg); err != nil {
 		return nil, err
@@ -53,8 +63,9 @@ func (s *Service) Run(ctx context.Context) error {
 	g := new(errgroup.Group)
 	g.Go(func() error { return s.janitor.Run(stages) })
 	g.Go(func() error { return s.monitor.Run(stages) })
+	g.Go(func() error { return s.retention.Run(stages) })
 	err := s.Relay.Run(ctx)
 	stop()
-	_ = g.Wait() // the janitor and the monitor only end with stages
+	_ = g.Wait() // the other stages only end with stages
 	return err
 }

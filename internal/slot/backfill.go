@@ -73,7 +73,7 @@ func scanEvents(rows pgx.Rows, m wal.Mapping, first int) ([]wal.Event, error) {
 	defer rows.Close()
 	var out []wal.Event
 	for rows.Next() {
-		var ev wal.Event
+		ev := wal.Event{Backfill: true}
 		var id, key, headers, exchange, typ *string
 		var enqueued *time.Time
 		if err := rows.Scan(&id, &key, &ev.Payload, &headers, &exchange, &typ, &enqueued); err != nil {

@@ -47,6 +47,10 @@ type Event struct {
 	// routing key or payload). Such a row is poison: it is handled by the
 	// poison policy, never published as is.
 	Problem string
+	// Backfill marks an event read from a new slot's snapshot rather than
+	// the stream: its CommitTime is the row's enqueued_at, which can be
+	// hours old, so it stays out of the commit-to-ack latency.
+	Backfill bool
 }
 
 // Size is the event's weight against the in-flight byte budget.

@@ -1,0 +1,26 @@
+package preflight_test
+
+import (
+	"testing"
+
+	"github.com/cdcrelay/cdcrelay/internal/preflight"
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
+)
+
+// TestCheckRetentionIndex: `cdcrelay check` says whether retention and
+// the backlog's age have what they need: the migrated schema passes, a
+// dropped retention index or a table without enqueued_at is a warning.
+func TestCheckRetentionIndex(t *testing.T) {
+	amqpURL := testenv.RequireAMQP(t)
+	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
+	fs, _ := newFixture(t, pg, amqpURL).check(nil)
+	has(t, fs, "retention", preflight.OK, "retention reads only the expired rows")
+
+	fs, _ = newFixture(t, pg, amqpURL, `DROP INDEX event_outbox_published_idx`).check(nil)
+	want(t, fs)
+	has(t, fs, "retention", preflight.Warn, "remedy:CREATE INDEX CONCURRENTLY IF NOT EXISTS event_outbox_published_idx")
+
+	fs, _ = newFixture(t, pg, amqpURL, `ALTER TABLE event_outbox DROP COLUMN enqueued_at`).check(nil)
+	want(t, fs)
+	has(t, fs, "retention", preflight.Warn, "cdcrelay_oldest_unpublished_age_seconds is NaN")
+}
