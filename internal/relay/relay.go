@@ -274,7 +274,10 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 	return slot.Info{}, interval, adopting, nil
 }
 
-// inspect creates the publication if needed and reads the slot's state.
+// inspect creates the publication if needed, verifies that it publishes
+// exactly the outbox table's inserts (else the session ends with a fatal
+// ErrPublication naming the remedy), maps the outbox by the table's OID
+// for this session, and reads the slot's state.
 func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Duration, error) {
 	created, err := slot.EnsurePublication(ctx, db, r.target)
 	if err != nil {
@@ -283,6 +286,11 @@ func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Dura
 	if created {
 		r.log.Info("created publication", "publication", r.target.Publication, "table", r.cfg.Table)
 	}
+	table, err := slot.VerifyPublication(ctx, db, r.target)
+	if err != nil {
+		return slot.Info{}, 0, err
+	}
+	r.mapping.OID = table.OID
 	interval, err := slot.StatusInterval(ctx, db, r.cfg.StatusInterval)
 	if err != nil {
 		return slot.Info{}, 0, err
@@ -438,7 +446,7 @@ func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn) error
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{
 			"proto_version '1'",
-			fmt.Sprintf("publication_names '%s'", r.cfg.Publication),
+			"publication_names " + slot.PublicationNamesArg(r.cfg.Publication),
 		},
 	})
 	var pgErr *pgconn.PgError

@@ -234,6 +234,9 @@ func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
 		// and the next one starts from the slot's confirmed position.
 		return nil, fmt.Errorf("decode message at %s: %w", xld.WALStart, err)
 	}
+	if step.Notice != "" {
+		r.Log.Warn(step.Notice, "lsn", xld.WALStart)
+	}
 	switch step.Kind {
 	case KindBegin:
 		r.Marks.Begin()
