@@ -172,7 +172,8 @@ func TestIntegrationOutboxRenamedOrMovedMidStream(t *testing.T) {
 			if !r.relay.Streaming() {
 				t.Fatal("the relay stopped streaming after the rename")
 			}
-			warn := "was renamed or moved to " + tc.newQuoted
+			// The text handler escapes the quotes of the names.
+			warn := "was renamed or moved to " + strings.ReplaceAll(tc.newQuoted, `"`, `\"`)
 			if n := strings.Count(r.logs.String(), warn); n != 1 {
 				t.Fatalf("%d warnings %q, want 1:\n%s", n, warn, r.logs.String())
 			}
@@ -190,7 +191,7 @@ func TestIntegrationOutboxRenamedOrMovedMidStream(t *testing.T) {
 			follow.waitStreaming(t)
 			later, _ := identityInsert(t, e.db, tc.newQuoted, "id", "routing_key", "", 3)
 			waitAll(t, e.consumer, later, 30*time.Second)
-			t.Logf("%s mid-stream: 5 later rows delivered in %s, slot confirmed past them only after; next start refused: %q; with CDCRELAY_TABLE=%s: 3 more delivered",
+			t.Logf("%s mid-stream: 5 later rows delivered in %s and the slot confirmed past them; next start refused: %q; with CDCRELAY_TABLE=%s: 3 more delivered",
 				tc.name, delivered.Round(time.Millisecond), msg, tc.newTable)
 		})
 	}

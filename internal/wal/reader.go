@@ -235,7 +235,7 @@ func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
 		return nil, fmt.Errorf("decode message at %s: %w", xld.WALStart, err)
 	}
 	if step.Notice != "" {
-		r.Log.Warn(step.Notice, "lsn", xld.WALStart)
+		r.Log.Warn(step.Notice)
 	}
 	switch step.Kind {
 	case KindBegin:
