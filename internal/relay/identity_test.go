@@ -101,6 +101,35 @@ func identityInsert(t *testing.T, db *pgx.Conn, table, idCol, keyCol, enqueued s
 	return out, after
 }
 
+// identityWaitDelivered waits until every row has been delivered; on
+// failure it says whether the slot was confirmed past their commit
+// (committed) all the same: the silent skip this file guards against.
+func identityWaitDelivered(t *testing.T, e *env, rows []row, committed pglogrepl.LSN, within time.Duration) {
+	t.Helper()
+	want := make(map[string]bool, len(rows))
+	for _, r := range rows {
+		want[r.id] = true
+	}
+	deadline := time.Now().Add(within)
+	for {
+		seen := map[string]bool{}
+		for _, d := range e.consumer.Deliveries() {
+			if want[d.MessageID] {
+				seen[d.MessageID] = true
+			}
+		}
+		if len(seen) == len(want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			confirmed := testenv.ConfirmedFlush(t, e.db, slotName)
+			t.Fatalf("%d of %d rows delivered after %s; slot confirmed %s, past their commit (%s): %v",
+				len(seen), len(want), within, confirmed, committed, confirmed >= committed)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // identityWaitMarked waits until no row of table is left unpublished.
 func identityWaitMarked(t *testing.T, db *pgx.Conn, table string, within time.Duration) {
 	t.Helper()
@@ -165,7 +194,7 @@ func TestIntegrationOutboxRenamedOrMovedMidStream(t *testing.T) {
 			after, committed := identityInsert(t, e.db, tc.newQuoted, "id", "routing_key", "", 5)
 			// On the old decoder these rows were skipped while the slot was
 			// confirmed past them: delivery is what this waits for.
-			waitAll(t, e.consumer, after, 30*time.Second)
+			identityWaitDelivered(t, e, after, committed, 30*time.Second)
 			delivered := time.Since(began)
 			testenv.WaitConfirmed(t, e.db, slotName, committed, 30*time.Second)
 			report(t, append(before, after...), e.consumer.Deliveries())
@@ -189,8 +218,8 @@ func TestIntegrationOutboxRenamedOrMovedMidStream(t *testing.T) {
 
 			follow := e.startRelay(map[string]string{"TABLE": tc.newTable})
 			follow.waitStreaming(t)
-			later, _ := identityInsert(t, e.db, tc.newQuoted, "id", "routing_key", "", 3)
-			waitAll(t, e.consumer, later, 30*time.Second)
+			later, laterCommitted := identityInsert(t, e.db, tc.newQuoted, "id", "routing_key", "", 3)
+			identityWaitDelivered(t, e, later, laterCommitted, 30*time.Second)
 			t.Logf("%s mid-stream: 5 later rows delivered in %s and the slot confirmed past them; next start refused: %q; with CDCRELAY_TABLE=%s: 3 more delivered",
 				tc.name, delivered.Round(time.Millisecond), msg, tc.newTable)
 		})
@@ -234,21 +263,21 @@ func TestIntegrationPartitionedOutbox(t *testing.T) {
 	owner := map[string]string{"DATABASE_URL": e.dbURL}
 	r := e.startRelay(owner)
 	r.waitStreaming(t)
+	rows := backlog
+	for _, at := range []string{"2025-07-01", "", "2031-01-01"} { // 2025, this year, the default partition
+		more, committed := identityInsert(t, e.db, "event_outbox", "id", "routing_key", at, 10)
+		rows = append(rows, more...)
+		identityWaitDelivered(t, e, rows, committed, 30*time.Second)
+		testenv.WaitConfirmed(t, e.db, slotName, committed, 30*time.Second)
+	}
+	report(t, rows, e.consumer.Deliveries())
+	identityWaitMarked(t, e.db, "event_outbox", 30*time.Second)
 	var viaRoot, insertOnly bool
 	err := e.db.QueryRow(ctx, `SELECT pubviaroot, pubinsert AND NOT (pubupdate OR pubdelete OR pubtruncate) FROM pg_publication WHERE pubname = 'cdcrelay_outbox'`).
 		Scan(&viaRoot, &insertOnly)
 	if err != nil || !viaRoot || !insertOnly {
 		t.Fatalf("publication created by the relay: via root %v, insert only %v (%v)", viaRoot, insertOnly, err)
 	}
-	rows := backlog
-	for _, at := range []string{"2025-07-01", "", "2031-01-01"} { // 2025, this year, the default partition
-		more, committed := identityInsert(t, e.db, "event_outbox", "id", "routing_key", at, 10)
-		rows = append(rows, more...)
-		waitAll(t, e.consumer, rows, 30*time.Second)
-		testenv.WaitConfirmed(t, e.db, slotName, committed, 30*time.Second)
-	}
-	report(t, rows, e.consumer.Deliveries())
-	identityWaitMarked(t, e.db, "event_outbox", 30*time.Second)
 	var partitions int
 	if err := e.db.QueryRow(ctx, `SELECT count(DISTINCT tableoid) FROM event_outbox`).Scan(&partitions); err != nil || partitions != 3 {
 		t.Fatalf("rows in %d partitions (%v), want 3", partitions, err)
@@ -324,7 +353,7 @@ func TestIntegrationMigrateIntoSchema(t *testing.T) {
 	r.waitStreaming(t)
 	rows, committed := identityInsert(t, e.db, "orders.event_outbox", "id", "routing_key", "", 10)
 	rows = append(backlog, rows...)
-	waitAll(t, e.consumer, rows, 30*time.Second)
+	identityWaitDelivered(t, e, rows, committed, 30*time.Second)
 	testenv.WaitConfirmed(t, e.db, slotName, committed, 30*time.Second)
 	report(t, rows, e.consumer.Deliveries())
 	identityWaitMarked(t, e.db, "orders.event_outbox", 30*time.Second)
@@ -377,7 +406,7 @@ func TestIntegrationQuotedOutbox(t *testing.T) {
 	r.waitStreaming(t)
 	rows, committed := identityInsert(t, e.db, table, `"EventId"`, `"RoutingKey"`, "", 10)
 	rows = append(backlog, rows...)
-	waitAll(t, e.consumer, rows, 30*time.Second)
+	identityWaitDelivered(t, e, rows, committed, 30*time.Second)
 	testenv.WaitConfirmed(t, e.db, slotName, committed, 30*time.Second)
 	report(t, rows, e.consumer.Deliveries())
 	identityWaitMarked(t, e.db, table, 30*time.Second)
