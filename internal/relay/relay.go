@@ -274,10 +274,12 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 	return slot.Info{}, interval, adopting, nil
 }
 
-// inspect creates the publication if needed, verifies that it publishes
-// exactly the outbox table's inserts (else the session ends with a fatal
-// ErrPublication naming the remedy), maps the outbox by the table's OID
-// for this session, and reads the slot's state.
+// inspect creates the publication if needed and reads the slot's state.
+// Unless another relay holds the slot, it then verifies that the
+// publication publishes exactly the outbox table's inserts (else the
+// session ends with a fatal ErrPublication naming the remedy) and maps the
+// outbox by the table's OID for this session (invariant 9,
+// docs/reliability.md).
 func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Duration, error) {
 	created, err := slot.EnsurePublication(ctx, db, r.target)
 	if err != nil {
@@ -286,17 +288,20 @@ func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Dura
 	if created {
 		r.log.Info("created publication", "publication", r.target.Publication, "table", r.cfg.Table)
 	}
-	table, err := slot.VerifyPublication(ctx, db, r.target)
-	if err != nil {
-		return slot.Info{}, 0, err
-	}
-	r.mapping.OID = table.OID
 	interval, err := slot.StatusInterval(ctx, db, r.cfg.StatusInterval)
 	if err != nil {
 		return slot.Info{}, 0, err
 	}
 	info, err := slot.Inspect(ctx, db, r.target)
-	return info, interval, err
+	if err != nil || info.Active {
+		return info, interval, err // a standby streams nothing: no need to verify yet
+	}
+	table, err := slot.VerifyPublication(ctx, db, r.target)
+	if err != nil {
+		return slot.Info{}, 0, err
+	}
+	r.mapping.OID = table.OID
+	return info, interval, nil
 }
 
 // adopt creates the slot and publishes every row with published_at IS NULL
