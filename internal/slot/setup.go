@@ -41,8 +41,9 @@ type Info struct {
 }
 
 // EnsurePublication creates the publication for the outbox table, inserts
-// only (through the root when partitioned), unless it exists. It must exist before the slot: decoding looks the
-// publication up by name as of each change.
+// only (through the root when partitioned), unless it exists. It must
+// exist before the slot: decoding looks the publication up by name as of
+// each change.
 func EnsurePublication(ctx context.Context, db *pgx.Conn, t Target) (bool, error) {
 	var exists bool
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, t.Publication).Scan(&exists); err != nil {

@@ -214,7 +214,8 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 		return Step{}, fmt.Errorf("%w: insert into relation %d before its relation message", ErrSchema, m.RelationID)
 	}
 	if !rel.outbox {
-		return Step{}, fmt.Errorf("%w: %s (relation %d)", ErrNotOutbox, rel.name, m.RelationID)
+		return Step{}, fmt.Errorf("%w: %s (relation %d); the publication changed since the session started (a table added, or a partition published without its root): the next start names the fix",
+			ErrNotOutbox, rel.name, m.RelationID)
 	}
 	if rel.problem != nil {
 		return Step{}, rel.problem
