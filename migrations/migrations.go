@@ -26,19 +26,26 @@ func Names() []string {
 	return names
 }
 
-// Apply runs every migration in order, each in its own transaction. Each
-// file is idempotent, so running Apply again changes nothing.
+// Apply runs every migration in order for the default names
+// (public.event_outbox, publication cdcrelay_outbox).
 func Apply(ctx context.Context, db *pgx.Conn) error {
+	return ApplyTo(ctx, db, Default)
+}
+
+// ApplyTo runs every migration in order, each in its own transaction, with
+// the files' default names replaced by t's (Render). Each file is
+// idempotent, so running it again changes nothing.
+func ApplyTo(ctx context.Context, db *pgx.Conn, t Target) error {
 	for _, name := range Names() {
-		sql, err := files.ReadFile(name)
+		sql, err := Render(name, t)
 		if err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
+			return err
 		}
 		err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(lockKey)); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, string(sql))
+			_, err := tx.Exec(ctx, sql)
 			return err
 		})
 		if err != nil {

@@ -166,23 +166,24 @@ func migrate(ctx context.Context, stderr io.Writer) error {
 		return fmt.Errorf("connect to database: %w", err)
 	}
 	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
-	if err := migrations.Apply(ctx, db); err != nil {
-		return err
-	}
-	log.Info("migrations applied", "files", migrations.Names())
-	// The files create the default publication; a relay configured with
-	// another name or table gets its own here, while migrate runs as the
-	// table's owner (the relay's least-privilege role cannot create it).
+	// The files name public.event_outbox and cdcrelay_outbox; migrate
+	// applies them to the configured table and publication instead, so it
+	// never leaves a stray table or a publication of another table. It runs
+	// as the table's owner (the relay's least-privilege role cannot create
+	// the publication).
 	schema, table, err := config.SplitTable(cfg.Table)
 	if err != nil {
 		return err
 	}
-	created, err := slot.EnsurePublication(ctx, db, slot.Target{Publication: cfg.Publication, Schema: schema, Table: table})
-	if err != nil {
+	if err := migrations.ApplyTo(ctx, db, migrations.Target{Schema: schema, Table: table, Publication: cfg.Publication}); err != nil {
 		return err
 	}
-	if created {
-		log.Info("created publication", "publication", cfg.Publication, "table", cfg.Table)
+	// A publication of that name that already existed is left as it is:
+	// fail now if it does not carry exactly this table's inserts, rather
+	// than let run refuse it later.
+	if _, err := slot.VerifyPublication(ctx, db, slot.Target{Publication: cfg.Publication, Schema: schema, Table: table}); err != nil {
+		return err
 	}
+	log.Info("migrations applied", "files", migrations.Names(), "table", cfg.Table, "publication", cfg.Publication)
 	return nil
 }

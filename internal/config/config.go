@@ -34,8 +34,13 @@ type Config struct {
 	AMQPTLSCert     string `env:"AMQP_TLS_CERT"` // PEM client certificate, for brokers that require one
 	AMQPTLSKey      string `env:"AMQP_TLS_KEY"`  // PEM key of the client certificate
 
-	Exchange    string `env:"EXCHANGE, default=events"`
-	Table       string `env:"TABLE, default=public.event_outbox"`
+	Exchange string `env:"EXCHANGE, default=events"`
+	// Table is the outbox table as configured, in SQL syntax (quoted parts
+	// allowed); SplitTable reads it into real names.
+	Table string `env:"TABLE, default=public.event_outbox"`
+	// Publication and the column names below are SQL identifiers as
+	// configured; Load replaces them by their real names (quotes removed,
+	// unquoted ones folded to lower case).
 	Publication string `env:"PUBLICATION, default=cdcrelay_outbox"`
 	Slot        string `env:"SLOT, default=cdcrelay_outbox"`
 	HTTPAddr    string `env:"HTTP_ADDR, default=:8080"`
@@ -119,7 +124,37 @@ func LoadFrom(ctx context.Context, l envconfig.Lookuper) (Config, error) {
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}
+	c.resolveNames()
 	return c, nil
+}
+
+// name is a configured SQL identifier.
+type name struct {
+	key      string // variable name without Prefix
+	value    *string
+	optional bool // empty means "not used"
+}
+
+// names lists the identifiers other than the table (SplitTable reads it).
+func (c *Config) names() []name {
+	return []name{
+		{"PUBLICATION", &c.Publication, false},
+		{"ID_COLUMN", &c.IDColumn, false}, {"ROUTING_KEY_COLUMN", &c.RoutingKeyColumn, false}, {"PAYLOAD_COLUMN", &c.PayloadColumn, false},
+		{"HEADERS_COLUMN", &c.HeadersColumn, true}, {"EXCHANGE_COLUMN", &c.ExchangeColumn, true}, {"TYPE_COLUMN", &c.TypeColumn, true},
+	}
+}
+
+// resolveNames replaces the publication and column identifiers, as
+// configured (quoted or not), by their real names once, after Validate:
+// the rest of the relay compares them with catalog and pgoutput names and
+// quotes them again with pgx.Identifier. The table stays as configured;
+// SplitTable reads it.
+func (c *Config) resolveNames() {
+	for _, n := range c.names() {
+		if real, err := ParseIdent(*n.value); err == nil {
+			*n.value = real
+		}
+	}
 }
 
 // keys lists the variable names (without Prefix) of Config's fields.
@@ -159,10 +194,7 @@ func (c *Config) resolveFiles() error {
 	return nil
 }
 
-var (
-	identRe = regexp.MustCompile(`^[a-z_][a-z0-9_$]{0,62}$`)
-	slotRe  = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
-)
+var slotRe = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 // Validate checks values that decode but make no sense. Messages never
 // include a secret.
@@ -195,15 +227,15 @@ func (c *Config) Validate() error {
 	if _, _, err := SplitTable(c.Table); err != nil {
 		bad("TABLE", "%v", err)
 	}
-	if !identRe.MatchString(c.Publication) {
-		bad("PUBLICATION", "%q is not a lower-case identifier", c.Publication)
-	}
 	if !slotRe.MatchString(c.Slot) {
 		bad("SLOT", "%q: slot names are 1 to 63 of a-z, 0-9 and _", c.Slot)
 	}
-	for key, v := range map[string]string{"ID_COLUMN": c.IDColumn, "ROUTING_KEY_COLUMN": c.RoutingKeyColumn, "PAYLOAD_COLUMN": c.PayloadColumn} {
-		if v == "" {
-			bad(key, "must not be empty")
+	for _, n := range c.names() {
+		if *n.value == "" && n.optional {
+			continue
+		}
+		if _, err := ParseIdent(*n.value); err != nil {
+			bad(n.key, "%v", err)
 		}
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > 65535 {
@@ -296,18 +328,6 @@ func (c *Config) RequireBroker() error {
 		return &Error{Problems: []string{Prefix + "AMQP_URL: required (or set " + Prefix + "AMQP_URL_FILE)"}}
 	}
 	return nil
-}
-
-// SplitTable splits "schema.table" (schema defaults to public).
-func SplitTable(s string) (schema, table string, err error) {
-	schema, table = "public", s
-	if i := strings.IndexByte(s, '.'); i >= 0 {
-		schema, table = s[:i], s[i+1:]
-	}
-	if !identRe.MatchString(schema) || !identRe.MatchString(table) {
-		return "", "", fmt.Errorf("%q: want schema.table in lower-case identifiers", s)
-	}
-	return schema, table, nil
 }
 
 // Level parses LogLevel.

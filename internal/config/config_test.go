@@ -157,11 +157,13 @@ func TestRedact(t *testing.T) {
 func FuzzLoad(f *testing.F) {
 	f.Add("1000", "30s", "16MiB", "public.event_outbox")
 	f.Add("x", "-1s", "1GiB", "a.b.c")
+	f.Add("1", `"Id"`, "1KiB", `"Billing"."Outbox Events"`)
 	f.Fuzz(func(t *testing.T, inflight, timeout, size, table string) {
 		_, err := LoadFrom(context.Background(), envconfig.MapLookuper(map[string]string{
 			Prefix + "DATABASE_URL": "postgres://u:s3cr3tpw@db/app", Prefix + "AMQP_URL": "amqp://u:s3cr3tpw@mq/",
 			Prefix + "MAX_IN_FLIGHT": inflight, Prefix + "CONFIRM_TIMEOUT": timeout,
 			Prefix + "MAX_IN_FLIGHT_BYTES": size, Prefix + "TABLE": table,
+			Prefix + "PUBLICATION": table, Prefix + "ID_COLUMN": timeout,
 		}))
 		if err != nil && strings.Contains(err.Error(), "s3cr3tpw") {
 			t.Fatalf("password in error: %v", err)

@@ -37,12 +37,17 @@ type target struct {
 	headers, exch, msgType string // optional columns ("" = not configured)
 }
 
-func (t target) qualified() string { return t.schema + "." + t.table }
+// qualified is the table's name as SQL, parts quoted where needed.
+func (t target) qualified() string { return quoteIdent(t.schema) + "." + quoteIdent(t.table) }
 
 // createPublicationSQL is the statement cdcrelay migrate (and the relay)
-// would run.
-func (t target) createPublicationSQL() string {
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert');", quoteIdent(t.publication), t.qualified())
+// would run: a partitioned table (relkind p) is published through its root.
+func (t target) createPublicationSQL(relkind string) string {
+	via := ""
+	if relkind == "p" {
+		via = ", publish_via_partition_root = true"
+	}
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s);", quoteIdent(t.publication), t.qualified(), via)
 }
 
 // publishedAtColumn is the column the janitor sets once the broker acked a
@@ -354,7 +359,7 @@ func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
 	if !p.exists {
 		f := Finding{Check: checkPublication, Severity: Error,
 			Message: fmt.Sprintf("publication %s does not exist", t.publication),
-			Remedy:  fmt.Sprintf("run `cdcrelay migrate` as the owner of %s, or: %s", t.qualified(), t.createPublicationSQL())}
+			Remedy:  fmt.Sprintf("run `cdcrelay migrate` as the owner of %s, or: %s", t.qualified(), t.createPublicationSQL(tf.kind))}
 		if p.canCreate {
 			f.Message += fmt.Sprintf(" (the relay would create it at start only because role %s owns the table; create it with the schema so the relay can run as a least-privilege role)", t.role)
 		} else {
@@ -389,7 +394,7 @@ func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
 			"check CDCRELAY_TABLE and that the table is an ordinary, non-temporary table")
 	case !p.covers:
 		bad(Error, fmt.Sprintf("publication %s does not cover %s: the relay would receive no events", t.publication, t.qualified()),
-			fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, t.qualified()))
+			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s;", pub, t.qualified()))
 	}
 	if p.covers && tf.kind == "p" && !p.viaRoot {
 		bad(Error, fmt.Sprintf("%s is partitioned and publication %s publishes its rows under each partition's name, which the relay does not map", t.qualified(), t.publication),
@@ -421,13 +426,13 @@ func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
 				fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (all columns)", pub, t.qualified()))
 		}
 	}
-	if len(p.others) > 0 {
+	if p.covers && len(p.others) > 0 {
 		what := listSome(p.others, 5)
 		if p.allTables {
 			what = "every table (FOR ALL TABLES): " + what
 		}
-		bad(Warn, fmt.Sprintf("publication %s also covers %s: their changes are decoded and streamed to the relay, which discards them", t.publication, what),
-			fmt.Sprintf("give the relay a publication of its own: %s (and set CDCRELAY_PUBLICATION)", t.createPublicationSQL()))
+		bad(Error, fmt.Sprintf("publication %s also covers %s: the relay refuses to stream it, since a row of another table is one it cannot classify and it stops there rather than skip it", t.publication, what),
+			fmt.Sprintf("give the relay a publication of its own: %s (and set CDCRELAY_PUBLICATION), or ALTER PUBLICATION %s SET TABLE %s;", t.createPublicationSQL(tf.kind), pub, t.qualified()))
 	}
 	if len(fs) == 0 {
 		fs = append(fs, Finding{Check: checkPublication, Message: fmt.Sprintf("%s publishes inserts only, of %s", t.publication, t.qualified())})

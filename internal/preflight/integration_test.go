@@ -234,8 +234,27 @@ func TestCheckRealCluster(t *testing.T) {
 			`CREATE TABLE orders (id int PRIMARY KEY)`,
 			`ALTER PUBLICATION cdcrelay_outbox ADD TABLE orders`,
 		).check(nil)
+		want(t, fs, [2]string{"publication", "also covers public.orders: the relay refuses to stream it"})
+	})
+
+	t.Run("partitioned outbox", func(t *testing.T) {
+		t.Parallel()
+		partitioned := []string{
+			`DROP PUBLICATION cdcrelay_outbox`,
+			`DROP TABLE event_outbox`,
+			`CREATE TABLE event_outbox (id UUID NOT NULL DEFAULT gen_random_uuid(), routing_key TEXT NOT NULL, payload JSONB NOT NULL,
+				enqueued_at TIMESTAMPTZ NOT NULL DEFAULT now(), published_at TIMESTAMPTZ, attempts INT NOT NULL DEFAULT 0, last_error TEXT,
+				PRIMARY KEY (id, enqueued_at)) PARTITION BY RANGE (enqueued_at)`,
+			`CREATE TABLE event_outbox_rest PARTITION OF event_outbox DEFAULT`,
+			`GRANT SELECT, DELETE ON event_outbox TO {role}`,
+			`GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO {role}`,
+		}
+		fs, _ := newFixture(t, pg, amqpURL, append(partitioned,
+			`CREATE PUBLICATION cdcrelay_outbox FOR TABLE event_outbox WITH (publish = 'insert')`)...).check(nil)
+		want(t, fs, [2]string{"publication", "is partitioned and publication cdcrelay_outbox publishes its rows under each partition's name"})
+		fs, _ = newFixture(t, pg, amqpURL, append(partitioned,
+			`CREATE PUBLICATION cdcrelay_outbox FOR TABLE event_outbox WITH (publish = 'insert', publish_via_partition_root = true)`)...).check(nil)
 		want(t, fs)
-		has(t, fs, "publication", preflight.Warn, "also covers public.orders")
 	})
 
 	t.Run("publication of another table", func(t *testing.T) {

@@ -309,14 +309,27 @@ func (s *session) publication(ctx context.Context) (pubFacts, error) {
 	p.insert, p.update, p.delete, p.truncate = row.Insert, row.Update, row.Delete, row.Truncate
 	p.viaRoot = row.ViaRoot != nil && *row.ViaRoot
 
-	rows, err := s.db.Query(ctx, `SELECT to_jsonb(pt) FROM pg_publication_tables pt WHERE pubname = $1 ORDER BY schemaname, tablename`, s.t.publication)
+	// Without publish_via_partition_root a partitioned outbox is listed as
+	// its partitions: they count as the outbox (partOfOutbox), for the
+	// partition check to name the remedy.
+	rows, err := s.db.Query(ctx, `
+		SELECT to_jsonb(pt), coalesce(pg_partition_root(c.oid) = to_regclass($2) AND c.oid <> to_regclass($2), false)
+		FROM pg_publication_tables pt
+		LEFT JOIN pg_namespace n ON n.nspname = pt.schemaname
+		LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+		WHERE pubname = $1 ORDER BY pt.schemaname, pt.tablename`, s.t.publication, pgx.Identifier{s.t.schema, s.t.table}.Sanitize())
 	if err != nil {
 		return p, fmt.Errorf("read pg_publication_tables: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		if err := rows.Scan(&raw); err != nil {
+		var partOfOutbox bool
+		if err := rows.Scan(&raw, &partOfOutbox); err != nil {
 			return p, fmt.Errorf("read pg_publication_tables: %w", err)
+		}
+		if partOfOutbox {
+			p.covers = true
+			continue
 		}
 		var pt struct {
 			Schema    string   `json:"schemaname"`

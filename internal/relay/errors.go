@@ -18,7 +18,7 @@ func Fatal(err error) bool {
 	if err == nil {
 		return false
 	}
-	for _, e := range []error{wal.ErrUnsupported, wal.ErrProtocol, wal.ErrSchema, wal.ErrMalformed, slot.ErrSlotMismatch, slot.ErrSlotLost, publish.ErrPoison} {
+	for _, e := range []error{wal.ErrUnsupported, wal.ErrProtocol, wal.ErrSchema, wal.ErrMalformed, slot.ErrSlotMismatch, slot.ErrSlotLost, slot.ErrPublication, publish.ErrPoison} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -293,6 +293,11 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 }
 
 // inspect creates the publication if needed and reads the slot's state.
+// Unless another relay holds the slot, it then verifies that the
+// publication publishes exactly the outbox table's inserts (else the
+// session ends with a fatal ErrPublication naming the remedy) and maps the
+// outbox by the table's OID for this session (invariant 9,
+// docs/reliability.md).
 func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Duration, error) {
 	created, err := slot.EnsurePublication(ctx, db, r.target)
 	if err != nil {
@@ -306,7 +311,15 @@ func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Dura
 		return slot.Info{}, 0, err
 	}
 	info, err := slot.Inspect(ctx, db, r.target)
-	return info, interval, err
+	if err != nil || info.Active {
+		return info, interval, err // a standby streams nothing: no need to verify yet
+	}
+	table, err := slot.VerifyPublication(ctx, db, r.target)
+	if err != nil {
+		return slot.Info{}, 0, err
+	}
+	r.mapping.OID = table.OID
+	return info, interval, nil
 }
 
 // adopt creates the slot and publishes every row with published_at IS NULL
@@ -548,7 +561,7 @@ func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn) error
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{
 			"proto_version '1'",
-			fmt.Sprintf("publication_names '%s'", r.cfg.Publication),
+			"publication_names " + slot.PublicationNamesArg(r.cfg.Publication),
 		},
 	})
 	var pgErr *pgconn.PgError

@@ -41,8 +41,9 @@ type Info struct {
 }
 
 // EnsurePublication creates the publication for the outbox table, inserts
-// only, unless it exists. It must exist before the slot: decoding looks the
-// publication up by name as of each change.
+// only (through the root when partitioned), unless it exists. It must
+// exist before the slot: decoding looks the publication up by name as of
+// each change.
 func EnsurePublication(ctx context.Context, db *pgx.Conn, t Target) (bool, error) {
 	var exists bool
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, t.Publication).Scan(&exists); err != nil {
@@ -51,9 +52,14 @@ func EnsurePublication(ctx context.Context, db *pgx.Conn, t Target) (bool, error
 	if exists {
 		return false, nil
 	}
-	sql := fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`,
-		pgx.Identifier{t.Publication}.Sanitize(), pgx.Identifier{t.Schema, t.Table}.Sanitize())
-	if _, err := db.Exec(ctx, sql); err != nil {
+	table, found, err := ResolveTable(ctx, db, t)
+	if err != nil {
+		return false, err
+	}
+	if !found {
+		return false, CheckPublication(t.Publication, table, false, PublicationFacts{})
+	}
+	if _, err := db.Exec(ctx, createPublicationSQL(t.Publication, table)); err != nil {
 		if pgCode(err) == "42710" { // created concurrently by another replica
 			return false, nil
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 )
 
 // ErrSchema marks an outbox row the relay cannot map to a message: an
@@ -16,10 +17,22 @@ var ErrSchema = errors.New("outbox schema mismatch")
 // ErrProtocol marks messages in an order pgoutput never sends them.
 var ErrProtocol = errors.New("pgoutput protocol violation")
 
+// ErrNotOutbox marks an insert into a relation other than the outbox table.
+// The session start verified that the publication carries the outbox table
+// alone, so such a row means the publication changed (another table added,
+// a partition published without its root): the relay stops rather than
+// confirm past a row it cannot classify.
+var ErrNotOutbox = fmt.Errorf("%w: insert into a relation that is not the outbox table", ErrSchema)
+
 // Mapping names the outbox table and the columns the relay reads.
 // Optional columns (Headers, Exchange, Type) are used when the table has them.
 type Mapping struct {
-	Schema, Table                  string
+	Schema, Table string
+	// OID identifies the outbox table (resolved at session start): a
+	// Relation with this OID is the outbox whatever name it carries, so a
+	// rename or move mid-stream is followed, never skipped. Zero maps by
+	// Schema and Table (tests only).
+	OID                            uint32
 	ID, RoutingKey, Payload        string
 	Headers, Exchange, MessageType string
 	// MaxMessageBytes, if positive, is CDCRELAY_MAX_MESSAGE_BYTES: a row
@@ -80,6 +93,9 @@ type Step struct {
 	Kind   Kind
 	Event  Event
 	Commit Commit
+	// Notice, when set, is something the operator must hear about once per
+	// session (the outbox table was renamed or moved): log it as a warning.
+	Notice string
 }
 
 // Decoder turns pgoutput messages into outbox events. It holds the relation
@@ -91,6 +107,7 @@ type Decoder struct {
 	open      bool
 	begin     Begin
 	index     int
+	renamed   bool // the rename notice was given this session
 }
 
 // relation is a cached Relation with the mapping resolved to tuple indexes
@@ -99,6 +116,7 @@ type Decoder struct {
 // changes that come with deletes or updates only do not stop the relay.
 type relation struct {
 	outbox                                       bool
+	name                                         string // schema.table as pgoutput sent it
 	id, key, payload, headers, exchange, msgType int
 	columns                                      int
 	payloadIsJSON                                bool
@@ -133,8 +151,9 @@ func (d *Decoder) Decode(data []byte) (Step, error) {
 		d.open = false
 		return Step{Kind: KindCommit, Commit: *m}, nil
 	case *Relation:
-		d.relations[m.ID] = d.resolve(m)
-		return Step{}, nil
+		rel := d.resolve(m)
+		d.relations[m.ID] = rel
+		return Step{Notice: d.renameNotice(m, rel)}, nil
 	case *Insert:
 		return d.insert(m)
 	default:
@@ -143,8 +162,8 @@ func (d *Decoder) Decode(data []byte) (Step, error) {
 }
 
 func (d *Decoder) resolve(m *Relation) *relation {
-	rel := &relation{columns: len(m.Columns)}
-	if m.Namespace != d.mapping.Schema || m.Name != d.mapping.Table {
+	rel := &relation{columns: len(m.Columns), name: m.Namespace + "." + m.Name}
+	if !d.isOutbox(m) {
 		return rel
 	}
 	rel.outbox = true
@@ -175,6 +194,30 @@ func (d *Decoder) resolve(m *Relation) *relation {
 	return rel
 }
 
+// isOutbox maps a Relation to the outbox by OID, by name only when no OID
+// was resolved.
+func (d *Decoder) isOutbox(m *Relation) bool {
+	if d.mapping.OID != 0 {
+		return m.ID == d.mapping.OID
+	}
+	return m.Namespace == d.mapping.Schema && m.Name == d.mapping.Table
+}
+
+// renameNotice reports, once per session, an outbox Relation whose name is
+// no longer the configured one: its rows are still published, but the
+// janitor, the monitor and the next session start look the table up by
+// its configured name.
+func (d *Decoder) renameNotice(m *Relation, rel *relation) string {
+	if !rel.outbox || d.renamed || (m.Namespace == d.mapping.Schema && m.Name == d.mapping.Table) {
+		return ""
+	}
+	d.renamed = true
+	return fmt.Sprintf("the outbox table %s was renamed or moved to %s (same table, OID %d): its inserts are still published, "+
+		"but their rows cannot be marked published_at and the next start refuses to stream; set CDCRELAY_TABLE=%s and restart, or rename it back",
+		pgx.Identifier{d.mapping.Schema, d.mapping.Table}.Sanitize(), pgx.Identifier{m.Namespace, m.Name}.Sanitize(), m.ID,
+		pgx.Identifier{m.Namespace, m.Name}.Sanitize())
+}
+
 func (d *Decoder) insert(m *Insert) (Step, error) {
 	if !d.open {
 		return Step{}, fmt.Errorf("%w: insert outside a transaction", ErrProtocol)
@@ -184,7 +227,8 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 		return Step{}, fmt.Errorf("%w: insert into relation %d before its relation message", ErrSchema, m.RelationID)
 	}
 	if !rel.outbox {
-		return Step{}, nil
+		return Step{}, fmt.Errorf("%w: %s (relation %d); the publication changed since the session started (a table added, or a partition published without its root): the next start names the fix",
+			ErrNotOutbox, rel.name, m.RelationID)
 	}
 	if rel.problem != nil {
 		return Step{}, rel.problem

@@ -2,6 +2,7 @@ package wal
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pglogrepl"
@@ -96,12 +97,19 @@ func TestDecoder(t *testing.T) {
 			},
 		},
 		{
-			name: "rows of other tables and ignored messages produce nothing",
+			name: "relations of other tables and ignored messages produce nothing",
 			msgs: [][]byte{
-				encBegin(0x500, 7), encRelation(2, "public", "orders", "id"), encInsert(2, s("1")),
+				encBegin(0x500, 7), encRelation(2, "public", "orders", "id"),
 				{'U'}, {'D'}, {'T'}, {'Y'}, {'O'}, {'M'}, encCommit(0x500, 0x530),
 			},
-			want: []Kind{KindBegin, KindNone, KindNone, KindNone, KindNone, KindNone, KindNone, KindNone, KindNone, KindCommit},
+			want: []Kind{KindBegin, KindNone, KindNone, KindNone, KindNone, KindNone, KindNone, KindNone, KindCommit},
+		},
+		{
+			// Never skipped: the commit after it must not be confirmed.
+			name:    "a row of another table stops the stream",
+			msgs:    [][]byte{encBegin(0x500, 7), encRelation(2, "public", "orders", "id"), encInsert(2, s("1"))},
+			want:    []Kind{KindBegin, KindNone},
+			wantErr: ErrNotOutbox,
 		},
 		{
 			name:    "missing required column",
@@ -197,6 +205,86 @@ func TestDecoder(t *testing.T) {
 			}
 			if tt.check != nil {
 				tt.check(t, steps)
+			}
+		})
+	}
+}
+
+// TestDecoderOutboxIdentity: with the table's OID resolved, the outbox is
+// known by it. A rename or move mid-stream (the same OID under a new name)
+// is followed and reported once; another relation's row, even one under
+// the configured name, stops the stream with ErrNotOutbox.
+func TestDecoderOutboxIdentity(t *testing.T) {
+	m := testMapping
+	m.OID = 16400
+	cols := []string{"id", "routing_key", "payload"}
+	tests := []struct {
+		name    string
+		msgs    [][]byte
+		want    []Kind
+		notices []int // steps that carry a notice
+		wantErr error
+	}{
+		{
+			name: "the configured table",
+			msgs: [][]byte{encBegin(1, 1), encRelation(16400, "public", "event_outbox", cols...), encInsert(16400, s("a"), s("k"), s("{}")), encCommit(1, 2)},
+			want: []Kind{KindBegin, KindNone, KindEvent, KindCommit},
+		},
+		{
+			name: "renamed, then moved: followed, reported once",
+			msgs: [][]byte{
+				encBegin(1, 1), encRelation(16400, "public", "event_outbox", cols...), encInsert(16400, s("a"), s("k"), s("{}")), encCommit(1, 2),
+				encBegin(3, 2), encRelation(16400, "public", "outbox_v2", cols...), encInsert(16400, s("b"), s("k"), s("{}")), encCommit(3, 4),
+				encBegin(5, 3), encRelation(16400, "archive", "outbox_v2", cols...), encInsert(16400, s("c"), s("k"), s("{}")), encCommit(5, 6),
+			},
+			want:    []Kind{KindBegin, KindNone, KindEvent, KindCommit, KindBegin, KindNone, KindEvent, KindCommit, KindBegin, KindNone, KindEvent, KindCommit},
+			notices: []int{5},
+		},
+		{
+			name:    "another relation under the configured name",
+			msgs:    [][]byte{encBegin(1, 1), encRelation(16500, "public", "event_outbox", cols...), encInsert(16500, s("a"), s("k"), s("{}"))},
+			want:    []Kind{KindBegin, KindNone},
+			wantErr: ErrNotOutbox,
+		},
+		{
+			name:    "a partition published under its own name",
+			msgs:    [][]byte{encBegin(1, 1), encRelation(16401, "public", "event_outbox_2026", cols...), encInsert(16401, s("a"), s("k"), s("{}"))},
+			want:    []Kind{KindBegin, KindNone},
+			wantErr: ErrNotOutbox,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := NewDecoder(m)
+			var steps []Step
+			var err error
+			for _, msg := range tt.msgs {
+				var step Step
+				if step, err = d.Decode(msg); err != nil {
+					break
+				}
+				steps = append(steps, step)
+			}
+			if !errors.Is(err, tt.wantErr) || (err != nil && !errors.Is(err, ErrSchema)) {
+				t.Fatalf("error %v, want %v", err, tt.wantErr)
+			}
+			if len(steps) != len(tt.want) {
+				t.Fatalf("%d steps, want %d", len(steps), len(tt.want))
+			}
+			var notices []int
+			for i, st := range steps {
+				if st.Kind != tt.want[i] {
+					t.Fatalf("step %d kind %d, want %d", i, st.Kind, tt.want[i])
+				}
+				if st.Notice != "" {
+					notices = append(notices, i)
+				}
+			}
+			if len(notices) != len(tt.notices) || (len(notices) > 0 && notices[0] != tt.notices[0]) {
+				t.Fatalf("notices at steps %v, want %v", notices, tt.notices)
+			}
+			if len(notices) > 0 && !strings.Contains(steps[notices[0]].Notice, `set CDCRELAY_TABLE="public"."outbox_v2"`) {
+				t.Fatalf("notice %q names no remedy", steps[notices[0]].Notice)
 			}
 		})
 	}

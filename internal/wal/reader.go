@@ -282,6 +282,9 @@ func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
 		// and the next one starts from the slot's confirmed position.
 		return nil, fmt.Errorf("decode message at %s: %w", xld.WALStart, err)
 	}
+	if step.Notice != "" {
+		r.Log.Warn(step.Notice)
+	}
 	switch step.Kind {
 	case KindBegin:
 		r.Marks.Begin()

@@ -1,0 +1,191 @@
+package slot
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrPublication means the publication does not carry exactly the outbox
+// table's inserts, or the table is not where the configuration says. The
+// relay refuses to stream rather than confirm past rows it cannot
+// classify (invariant 9, docs/reliability.md); no retry can fix it.
+var ErrPublication = errors.New("the publication does not publish exactly the outbox table")
+
+// Relation is a table as the catalog knows it.
+type Relation struct {
+	OID          uint32
+	Schema, Name string
+	Kind         string // pg_class.relkind: r (table), p (partitioned table), …
+}
+
+// Qualified is the relation's name as SQL, each part quoted.
+func (r Relation) Qualified() string { return pgx.Identifier{r.Schema, r.Name}.Sanitize() }
+
+// PublicationFacts is what the catalog says about a publication.
+type PublicationFacts struct {
+	Exists    bool
+	AllTables bool // FOR ALL TABLES
+	Insert    bool // publish includes insert
+	ViaRoot   bool // publish_via_partition_root
+	// Tables are the relations whose changes pgoutput sends, under the OID
+	// and name it sends them with (pg_publication_tables): a partitioned
+	// table's root with publish_via_partition_root, its partitions without.
+	Tables []Relation
+}
+
+// ResolveTable finds the configured table by its quoted name; ok is false
+// when no such relation exists.
+func ResolveTable(ctx context.Context, db *pgx.Conn, t Target) (rel Relation, ok bool, err error) {
+	rel = Relation{Schema: t.Schema, Name: t.Table}
+	err = db.QueryRow(ctx, `SELECT c.oid, c.relkind::text FROM pg_class c WHERE c.oid = to_regclass($1)`,
+		rel.Qualified()).Scan(&rel.OID, &rel.Kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return rel, false, nil
+	}
+	if err != nil {
+		return rel, false, fmt.Errorf("look up table %s: %w", rel.Qualified(), err)
+	}
+	return rel, true, nil
+}
+
+// ReadPublication reads the publication and the relations it publishes.
+// The pg_publication row is read through to_jsonb so that one query fits
+// every server version (pubviaroot is PostgreSQL 13+).
+func ReadPublication(ctx context.Context, db *pgx.Conn, name string) (PublicationFacts, error) {
+	var p PublicationFacts
+	var raw []byte
+	err := db.QueryRow(ctx, `SELECT to_jsonb(p) FROM pg_publication p WHERE pubname = $1`, name).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, nil
+	}
+	if err != nil {
+		return p, fmt.Errorf("look up publication %s: %w", name, err)
+	}
+	var row struct {
+		AllTables bool  `json:"puballtables"`
+		Insert    bool  `json:"pubinsert"`
+		ViaRoot   *bool `json:"pubviaroot"`
+	}
+	if err := json.Unmarshal(raw, &row); err != nil {
+		return p, fmt.Errorf("decode pg_publication row: %w", err)
+	}
+	p.Exists, p.AllTables, p.Insert = true, row.AllTables, row.Insert
+	p.ViaRoot = row.ViaRoot != nil && *row.ViaRoot
+	rows, err := db.Query(ctx, `
+		SELECT c.oid, pt.schemaname::text, pt.tablename::text, c.relkind::text
+		FROM pg_publication_tables pt
+		JOIN pg_namespace n ON n.nspname = pt.schemaname
+		JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+		WHERE pt.pubname = $1
+		ORDER BY 2, 3`, name)
+	if err != nil {
+		return p, fmt.Errorf("read the tables of publication %s: %w", name, err)
+	}
+	p.Tables, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Relation, error) {
+		var rel Relation
+		err := r.Scan(&rel.OID, &rel.Schema, &rel.Name, &rel.Kind)
+		return rel, err
+	})
+	if err != nil {
+		return p, fmt.Errorf("read the tables of publication %s: %w", name, err)
+	}
+	return p, nil
+}
+
+// CheckPublication says whether publication pub lets the relay stream
+// table: it must exist, publish inserts, and publish exactly that table,
+// through its root when the table is partitioned. found is false when the
+// configured table does not exist. Each error names the remedy.
+func CheckPublication(pub string, table Relation, found bool, p PublicationFacts) error {
+	q := pgx.Identifier{pub}.Sanitize()
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrPublication}, args...)...)
+	}
+	if !found {
+		if p.Exists && !p.AllTables && len(p.Tables) == 1 {
+			other := p.Tables[0]
+			return fail("table %s does not exist, but publication %s publishes %s (the same table renamed or moved?): set CDCRELAY_TABLE=%s, or rename it back",
+				table.Qualified(), pub, other.Qualified(), other.Qualified())
+		}
+		return fail("table %s does not exist: create it (cdcrelay migrate) or set CDCRELAY_TABLE to the outbox table", table.Qualified())
+	}
+	create := fmt.Sprintf("CREATE PUBLICATION … FOR TABLE %s WITH (publish = 'insert'%s) and set CDCRELAY_PUBLICATION to its name", table.Qualified(), viaRootOption(table.Kind))
+	switch {
+	case !p.Exists:
+		return fail("publication %s does not exist: run cdcrelay migrate as the owner of %s, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s)",
+			pub, table.Qualified(), q, table.Qualified(), viaRootOption(table.Kind))
+	case p.AllTables:
+		return fail("publication %s is FOR ALL TABLES: the relay needs one that publishes only %s; %s", pub, table.Qualified(), create)
+	case !p.Insert:
+		return fail("publication %s does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", pub, q)
+	case table.Kind == "p" && !p.ViaRoot:
+		return fail("%s is partitioned and publication %s publishes its rows under each partition's name: ALTER PUBLICATION %s SET (publish_via_partition_root = true)",
+			table.Qualified(), pub, q)
+	}
+	var covers bool
+	var others []string
+	for _, rel := range p.Tables {
+		if rel.OID == table.OID {
+			covers = true
+			continue
+		}
+		others = append(others, rel.Qualified())
+	}
+	if !covers {
+		return fail("publication %s does not publish %s: ALTER PUBLICATION %s SET TABLE %s", pub, table.Qualified(), q, table.Qualified())
+	}
+	if len(others) > 0 {
+		return fail("publication %s also publishes %s; the relay stops at a row it cannot classify rather than skip it, so it streams only a publication of the outbox table alone: ALTER PUBLICATION %s SET TABLE %s, or %s",
+			pub, listSome(others, 5), q, table.Qualified(), create)
+	}
+	return nil
+}
+
+// VerifyPublication checks at session start that the publication carries
+// exactly the configured table's inserts (CheckPublication) and returns
+// the table, whose OID the decoder maps the outbox by.
+func VerifyPublication(ctx context.Context, db *pgx.Conn, t Target) (Relation, error) {
+	table, found, err := ResolveTable(ctx, db, t)
+	if err != nil {
+		return table, err
+	}
+	p, err := ReadPublication(ctx, db, t.Publication)
+	if err != nil {
+		return table, err
+	}
+	return table, CheckPublication(t.Publication, table, found, p)
+}
+
+// createPublicationSQL is the statement that creates the publication for
+// table: inserts only, and for a partitioned table through its root, so
+// that every partition's rows arrive as the table's own.
+func createPublicationSQL(pub string, table Relation) string {
+	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s)`,
+		pgx.Identifier{pub}.Sanitize(), table.Qualified(), viaRootOption(table.Kind))
+}
+
+func viaRootOption(relkind string) string {
+	if relkind == "p" {
+		return ", publish_via_partition_root = true"
+	}
+	return ""
+}
+
+// PublicationNamesArg is pgoutput's publication_names option for one
+// publication: a string literal holding the quoted name, since the server
+// reads it as an identifier list (unquoted names would be folded).
+func PublicationNamesArg(pub string) string {
+	return "'" + strings.ReplaceAll(pgx.Identifier{pub}.Sanitize(), "'", "''") + "'"
+}
+
+func listSome(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
+}

@@ -1,0 +1,75 @@
+package slot
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestCheckPublication(t *testing.T) {
+	outbox := Relation{OID: 100, Schema: "public", Name: "event_outbox", Kind: "r"}
+	parted := Relation{OID: 200, Schema: "Billing", Name: "Outbox Events", Kind: "p"}
+	moved := Relation{OID: 100, Schema: "archive", Name: "event_outbox", Kind: "r"}
+	other := Relation{OID: 300, Schema: "public", Name: "orders", Kind: "r"}
+	part1 := Relation{OID: 201, Schema: "Billing", Name: "Outbox Events_2026", Kind: "r"}
+	good := PublicationFacts{Exists: true, Insert: true, Tables: []Relation{outbox}}
+	tests := []struct {
+		name  string
+		table Relation
+		found bool
+		p     PublicationFacts
+		want  string // "" for no error; else a part of the message
+	}{
+		{"exactly the table", outbox, true, good, ""},
+		{"partitioned through its root", parted, true, PublicationFacts{Exists: true, Insert: true, ViaRoot: true, Tables: []Relation{parted}}, ""},
+		{"partitioned, rows under the partitions' names", parted, true, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{part1}},
+			`ALTER PUBLICATION "cdcrelay_outbox" SET (publish_via_partition_root = true)`},
+		{"missing publication", outbox, true, PublicationFacts{}, "does not exist: run cdcrelay migrate"},
+		{"missing publication, partitioned table", parted, true, PublicationFacts{}, "publish_via_partition_root = true"},
+		{"for all tables", outbox, true, PublicationFacts{Exists: true, AllTables: true, Insert: true, Tables: []Relation{other, outbox}}, "FOR ALL TABLES"},
+		{"no inserts", outbox, true, PublicationFacts{Exists: true, Tables: []Relation{outbox}}, "SET (publish = 'insert')"},
+		{"another table only", outbox, true, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{other}},
+			`does not publish "public"."event_outbox": ALTER PUBLICATION "cdcrelay_outbox" SET TABLE "public"."event_outbox"`},
+		{"extra tables", outbox, true, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{outbox, other}}, `also publishes "public"."orders"`},
+		{"no tables", outbox, true, PublicationFacts{Exists: true, Insert: true}, "does not publish"},
+		{"renamed or moved", Relation{Schema: "public", Name: "event_outbox"}, false, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{moved}},
+			`renamed or moved?): set CDCRELAY_TABLE="archive"."event_outbox"`},
+		{"missing table", Relation{Schema: "public", Name: "event_outbox"}, false, PublicationFacts{Exists: true, Insert: true}, "does not exist: create it"},
+		{"missing table and publication", Relation{Schema: "public", Name: "event_outbox"}, false, PublicationFacts{}, "does not exist: create it"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckPublication("cdcrelay_outbox", tt.table, tt.found, tt.p)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrPublication) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v; want ErrPublication with %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestCreatePublicationSQL(t *testing.T) {
+	if got := createPublicationSQL("cdcrelay_outbox", Relation{Schema: "public", Name: "event_outbox", Kind: "r"}); got !=
+		`CREATE PUBLICATION "cdcrelay_outbox" FOR TABLE "public"."event_outbox" WITH (publish = 'insert')` {
+		t.Fatal(got)
+	}
+	if got := createPublicationSQL("My Pub", Relation{Schema: "Billing", Name: `Outbox "Events"`, Kind: "p"}); got !=
+		`CREATE PUBLICATION "My Pub" FOR TABLE "Billing"."Outbox ""Events""" WITH (publish = 'insert', publish_via_partition_root = true)` {
+		t.Fatal(got)
+	}
+}
+
+func TestPublicationNamesArg(t *testing.T) {
+	for in, want := range map[string]string{
+		"cdcrelay_outbox": `'"cdcrelay_outbox"'`, "My Pub": `'"My Pub"'`, `it's "x"`: `'"it''s ""x"""'`,
+	} {
+		if got := PublicationNamesArg(in); got != want {
+			t.Errorf("PublicationNamesArg(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,55 @@
+package migrations
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestRenderLeavesNoDefault holds every file to the conventions Render
+// relies on: rendered for other names, no default name is left over.
+func TestRenderLeavesNoDefault(t *testing.T) {
+	leftover := regexp.MustCompile(`event_outbox|cdcrelay_outbox|\$\$`)
+	target := Target{Schema: "Billing", Table: "Outbox Events", Publication: "Billing Pub"}
+	for _, name := range Names() {
+		sql, err := Render(name, target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := leftover.FindString(sql); m != "" {
+			t.Errorf("%s rendered for %+v still says %q:\n%s", name, target, m, sql)
+		}
+		if !strings.Contains(sql, `"Billing"."Outbox Events"`) {
+			t.Errorf("%s does not name the table:\n%s", name, sql)
+		}
+	}
+}
+
+func TestRender(t *testing.T) {
+	sql, err := Render("0001_event_outbox.sql", Target{Schema: "orders", Table: "event_outbox", Publication: "cdcrelay_outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`CREATE TABLE IF NOT EXISTS "orders"."event_outbox" (`,
+		`CREATE INDEX IF NOT EXISTS "event_outbox_unpublished_idx"` + "\n" + `    ON "orders"."event_outbox" (enqueued_at)`,
+	} {
+		if !strings.Contains(sql, want) {
+			t.Errorf("missing %q in:\n%s", want, sql)
+		}
+	}
+	sql, err = Render("0002_publication.sql", Target{Schema: "a$$b", Table: `it's "x"`, Publication: "My Pub"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`WHERE pubname = 'My Pub'`,
+		`oid = '"a$$b"."it''s ""x"""'::regclass`,
+		`CREATE PUBLICATION "My Pub" FOR TABLE "a$$b"."it's ""x""" WITH (publish = 'insert', publish_via_partition_root = true)`,
+		"DO $cdcrelay$", "END\n$cdcrelay$;",
+	} {
+		if !strings.Contains(sql, want) {
+			t.Errorf("missing %q in:\n%s", want, sql)
+		}
+	}
+}
