@@ -10,5 +10,16 @@ CREATE TABLE IF NOT EXISTS event_outbox (
     last_error TEXT
 );
 
-CREATE INDEX IF NOT EXISTS event_outbox_unpublished_idx
-    ON event_outbox (enqueued_at) WHERE published_at IS NULL;
+-- The index is looked up first: CREATE INDEX takes its lock on the table
+-- before IF NOT EXISTS is checked, and on a live outbox that lock would
+-- queue every insert behind the longest open transaction, on every run.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_class
+                   WHERE relname = 'event_outbox_unpublished_idx'
+                     AND relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'event_outbox'::regclass)) THEN
+        CREATE INDEX event_outbox_unpublished_idx
+            ON event_outbox (enqueued_at) WHERE published_at IS NULL;
+    END IF;
+END
+$$;

@@ -1,3 +1,4 @@
+-- cdcrelay:no-transaction
 -- Retention deletes published rows older than CDCRELAY_RETENTION. Rows are
 -- appended in about enqueued_at order, so the expired ones are the head of
 -- this index: each retention batch reads only the rows it deletes, however
@@ -5,9 +6,11 @@
 -- table once per run. Unpublished rows stay out of it, so inserts do not
 -- touch it.
 --
--- On a large table that is already live, create it first without blocking
--- writes (this file then changes nothing):
---   CREATE INDEX CONCURRENTLY IF NOT EXISTS event_outbox_published_idx
---       ON event_outbox (enqueued_at) WHERE published_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS event_outbox_published_idx
+-- CONCURRENTLY: built without blocking the services' inserts into a live
+-- outbox. It cannot run inside a transaction block: a migration tool must
+-- run this file on its own, outside a transaction (cdcrelay migrate does).
+-- A concurrent build that fails leaves an invalid index behind; drop it
+-- (DROP INDEX CONCURRENTLY) before running this again (cdcrelay migrate
+-- does that itself).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS event_outbox_published_idx
     ON event_outbox (enqueued_at) WHERE published_at IS NOT NULL;

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -34,23 +35,77 @@ func Apply(ctx context.Context, db *pgx.Conn) error {
 
 // ApplyTo runs every migration in order, each in its own transaction, with
 // the files' default names replaced by t's (Render). Each file is
-// idempotent, so running it again changes nothing.
+// idempotent, so running it again changes nothing. A file whose first line
+// is noTransaction (a concurrent index build, which must not block the
+// services' inserts into a live outbox) runs outside a transaction.
 func ApplyTo(ctx context.Context, db *pgx.Conn, t Target) error {
 	for _, name := range Names() {
 		sql, err := Render(name, t)
 		if err != nil {
 			return err
 		}
-		err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(lockKey)); err != nil {
+		if strings.HasPrefix(sql, noTransaction) {
+			err = applyOutsideTransaction(ctx, db, t, sql)
+		} else {
+			err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(lockKey)); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, sql)
 				return err
-			}
-			_, err := tx.Exec(ctx, sql)
-			return err
-		})
+			})
+		}
 		if err != nil {
 			return fmt.Errorf("apply %s: %w", name, err)
 		}
 	}
 	return nil
+}
+
+// noTransaction starts a file that must run outside a transaction block.
+const noTransaction = "-- cdcrelay:no-transaction\n"
+
+// applyOutsideTransaction runs sql (one statement) under the session-level
+// form of the migration lock. A concurrent index build that failed earlier
+// left an invalid index that IF NOT EXISTS would keep for ever: invalid
+// indexes of the table are dropped first (concurrently too), so the build
+// is tried again. Only the outbox's own invalid indexes are touched, and an
+// index is invalid only while, or after, a concurrent build failed.
+func applyOutsideTransaction(ctx context.Context, db *pgx.Conn, t Target, sql string) (err error) {
+	if _, err := db.Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(lockKey)); err != nil {
+		return err
+	}
+	defer func() {
+		if _, uerr := db.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(lockKey)); err == nil && uerr != nil {
+			err = uerr
+		}
+	}()
+	rows, err := db.Query(ctx, `SELECT format('%I.%I', n.nspname, c.relname)
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE i.indrelid = to_regclass($1) AND NOT i.indisvalid`, pgx.Identifier{t.Schema, t.Table}.Sanitize())
+	if err != nil {
+		return fmt.Errorf("look for invalid indexes: %w", err)
+	}
+	invalid, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("look for invalid indexes: %w", err)
+	}
+	for _, index := range invalid {
+		if _, err := db.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS `+index); err != nil {
+			return fmt.Errorf("drop invalid index %s: %w", index, err)
+		}
+	}
+	var partitioned bool
+	if err := db.QueryRow(ctx, `SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`,
+		pgx.Identifier{t.Schema, t.Table}.Sanitize()).Scan(&partitioned); err != nil {
+		return fmt.Errorf("look up the table: %w", err)
+	}
+	if partitioned {
+		// PostgreSQL cannot build an index on a partitioned table
+		// concurrently; the plain build blocks inserts while it runs
+		// (docs/operations.md says how to build it partition by partition).
+		sql = strings.Replace(sql, "CREATE INDEX CONCURRENTLY", "CREATE INDEX", 1)
+	}
+	_, err = db.Exec(ctx, sql)
+	return err
 }

@@ -23,8 +23,9 @@ var Default = Target{Schema: "public", Table: "event_outbox", Publication: "cdcr
 // holds every file to them): the table is the word event_outbox, objects
 // named after it start with event_outbox_, the publication is the word
 // cdcrelay_outbox, a name used as a string literal is written
-// 'event_outbox' or 'cdcrelay_outbox', and PL/pgSQL bodies are quoted $$.
-var token = regexp.MustCompile(`'event_outbox'|'cdcrelay_outbox'|\$\$|\bevent_outbox(_[a-z0-9_]+)?\b|\bcdcrelay_outbox\b`)
+// 'event_outbox' or 'cdcrelay_outbox' (an object's name 'event_outbox_…',
+// unqualified, as pg_class.relname holds it), and PL/pgSQL bodies are quoted $$.
+var token = regexp.MustCompile(`'event_outbox(_[a-z0-9_]+)?'|'cdcrelay_outbox'|\$\$|\bevent_outbox(_[a-z0-9_]+)?\b|\bcdcrelay_outbox\b`)
 
 // Render returns migration file name with the default names replaced by
 // t's, each quoted: the table schema-qualified (so nothing depends on the
@@ -46,6 +47,8 @@ func Render(name string, t Target) (string, error) {
 		switch {
 		case tok == "'event_outbox'":
 			return literal(table)
+		case strings.HasPrefix(tok, "'event_outbox_"): // an object's name, as a string
+			return literal(t.Table + strings.TrimSuffix(strings.TrimPrefix(tok, "'event_outbox"), "'"))
 		case tok == "'cdcrelay_outbox'":
 			return literal(t.Publication)
 		case tok == "$$":

@@ -32,7 +32,9 @@ func TestRender(t *testing.T) {
 	}
 	for _, want := range []string{
 		`CREATE TABLE IF NOT EXISTS "orders"."event_outbox" (`,
-		`CREATE INDEX IF NOT EXISTS "event_outbox_unpublished_idx"` + "\n" + `    ON "orders"."event_outbox" (enqueued_at)`,
+		`WHERE relname = 'event_outbox_unpublished_idx'`,
+		`oid = '"orders"."event_outbox"'::regclass`,
+		`CREATE INDEX "event_outbox_unpublished_idx"` + "\n" + `            ON "orders"."event_outbox" (enqueued_at)`,
 	} {
 		if !strings.Contains(sql, want) {
 			t.Errorf("missing %q in:\n%s", want, sql)
