@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/sethvargo/go-envconfig"
+
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // Prefix is the prefix of every environment variable the relay reads.
@@ -63,7 +65,7 @@ type Config struct {
 	RetentionInterval Duration      `env:"RETENTION_INTERVAL, default=1h"`
 	RetentionBatch    int           `env:"RETENTION_BATCH, default=5000"`
 	MonitorInterval   time.Duration `env:"MONITOR_INTERVAL, default=15s"`
-	StandbyRetry      time.Duration `env:"STANDBY_RETRY, default=2s"`
+	StandbyRetry      time.Duration `env:"STANDBY_RETRY, default=2s"` // only for a slot held outside the slot lock: a standby waits on the lock, it never polls
 	SlotLost          string        `env:"SLOT_LOST, default=recreate"`
 
 	Poison             string   `env:"POISON, default=park"`
@@ -200,6 +202,8 @@ func (c *Config) Validate() error {
 	}
 	if !slotRe.MatchString(c.Slot) {
 		bad("SLOT", "%q: slot names are 1 to 63 of a-z, 0-9 and _", c.Slot)
+	} else if err := slot.CheckName(c.Slot); err != nil {
+		bad("SLOT", "%v", err)
 	}
 	for key, v := range map[string]string{"ID_COLUMN": c.IDColumn, "ROUTING_KEY_COLUMN": c.RoutingKeyColumn, "PAYLOAD_COLUMN": c.PayloadColumn} {
 		if v == "" {

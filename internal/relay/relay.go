@@ -63,8 +63,9 @@ type Relay struct {
 	walM    *wal.Metrics
 	pubM    *publish.Metrics
 
-	role  atomic.Int32
-	alive atomic.Int64 // unix nanos of the reader's last turn
+	role   atomic.Int32
+	alive  atomic.Int64           // unix nanos of the reader's last turn
+	detail atomic.Pointer[string] // what a starting relay waits for (see Status)
 }
 
 // wedgedAfter is how long a streaming reader may go without a turn of its
@@ -172,29 +173,27 @@ const connectTimeout = 10 * time.Second
 
 // session runs one pipeline. ctx ending asks for a graceful stop: read no
 // more, wait up to ShutdownTimeout for in-flight confirms, confirm what was
-// acked, return.
-func (r *Relay) session(ctx context.Context) error {
-	dbCfg, err := pgx.ParseConfig(r.cfg.DatabaseURL)
+// acked, return. Everything it does to the slot happens under the slot
+// lock, taken first and held on db until the session ends: a standby waits
+// for it there, and closing db releases it.
+func (r *Relay) session(ctx context.Context) (err error) {
+	db, err := r.connectLock(ctx)
 	if err != nil {
-		return errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
+		return err
 	}
-	if dbCfg.ConnectTimeout == 0 {
-		dbCfg.ConnectTimeout = connectTimeout
-	}
-	db, err := pgx.ConnectConfig(ctx, dbCfg)
-	if err != nil {
-		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return fmt.Errorf("connect to database: %w", err)
-	}
-	// The normal connection serves the setup and the adoption only; it also
-	// holds the adoption lock, which closing it releases.
-	closeDB := func() {
-		if db != nil {
-			_ = db.Close(context.WithoutCancel(ctx))
-			db = nil
+	var f *fence // set once streaming starts
+	// Deferred first, this runs last: the lock is released only once the
+	// replication connection is closed and this relay has let go of the slot.
+	defer func() {
+		if f != nil {
+			err = f.explain(err)
+			f.stop()
 		}
+		_ = db.Close(context.WithoutCancel(ctx))
+	}()
+	if err := r.acquire(ctx, db); err != nil {
+		return err
 	}
-	defer closeDB()
 	info, interval, adopting, err := r.prepare(ctx, db)
 	if err != nil {
 		return err
@@ -225,7 +224,9 @@ func (r *Relay) session(ctx context.Context) error {
 			return err
 		}
 	}
-	closeDB()
+	// From here on db only holds the lock; the fence ends the session the
+	// moment it is lost.
+	f = r.startFence(db, repl)
 	if err := r.startReplication(ctx, repl); err != nil {
 		return err
 	}
@@ -237,19 +238,16 @@ func (r *Relay) session(ctx context.Context) error {
 	return r.stream(ctx, repl, link, start, interval)
 }
 
-// prepare makes sure the publication exists, then looks at the slot:
-// another relay holding it makes this one a standby; an invalidated slot or
-// an interrupted adoption is dropped so that it is created again with a
-// snapshot backfill. adopting reports that prepare already holds the
-// adoption lock.
+// prepare makes sure the publication exists, then looks at the slot, with
+// the slot lock held: an invalidated slot or an interrupted adoption is
+// dropped so that it is created again with a snapshot backfill. adopting
+// reports that prepare already holds the adoption lock.
 func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, interval time.Duration, adopting bool, err error) {
 	info, interval, err = r.inspect(ctx, db)
 	if err != nil || !info.Exists {
 		return info, interval, false, err
 	}
 	switch {
-	case info.Active:
-		return info, 0, false, fmt.Errorf("%w: slot %s is active", slot.ErrBusy, r.cfg.Slot)
 	case info.Lost:
 		r.metrics.slotLost.Inc()
 		if r.cfg.SlotLost == config.SlotLostStop {
@@ -258,14 +256,17 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 		r.log.Error("replication slot was invalidated (wal_status=lost); recreating it and publishing every unpublished row from its snapshot", "confirmed_flush", info.ConfirmedFlush)
 	case info.Adopting:
 		// The marker outlives only a relay that died while publishing the
-		// backlog: a live adopter holds the lock, and BeginAdoption reports
-		// ErrBusy before anything is dropped.
+		// backlog: a live adopter of this version holds the slot lock, which
+		// is ours, and one of an older version holds the adoption lock, for
+		// which BeginAdoption reports ErrBusy before anything is dropped.
 		if err := slot.BeginAdoption(ctx, db, r.cfg.Slot); err != nil {
 			return info, 0, false, err
 		}
 		adopting = true
 		r.log.Warn("the previous adoption of this slot was interrupted; recreating the slot and publishing the backlog again")
 	default:
+		// An active slot is the dead holder's walsender on its way out (or
+		// a process outside the slot lock): startReplication waits for it.
 		return info, interval, false, nil
 	}
 	if err := slot.Drop(ctx, db, r.cfg.Slot); err != nil {
@@ -300,7 +301,7 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 			return 0, err
 		}
 	}
-	created, err := slot.Create(ctx, repl, r.cfg.Slot)
+	created, err := r.createSlot(ctx, db, repl)
 	if err != nil {
 		return 0, err
 	}
@@ -431,9 +432,9 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	return conn, nil
 }
 
-// startReplication streams from the slot's confirmed position: start LSN 0
-// lets the server choose it; the relay never picks a position of its own.
-func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn) error {
+// startOnce sends START_REPLICATION once (see startReplication); a slot
+// active for another process is returned as the server's error.
+func (r *Relay) startOnce(ctx context.Context, conn *pgconn.PgConn) error {
 	err := pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{
@@ -442,8 +443,8 @@ func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn) error
 		},
 	})
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55006" { // active for another PID
-		return fmt.Errorf("%w: %s", slot.ErrBusy, pgErr.Message)
+	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+		return err
 	}
 	if err != nil {
 		return fmt.Errorf("start replication on slot %s: %w", r.cfg.Slot, err)
