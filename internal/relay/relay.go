@@ -138,8 +138,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		wait := r.cfg.StandbyRetry
 		if errors.Is(err, slot.ErrBusy) {
+			// A relay of this version waits for the slot lock in session;
+			// this is a slot held outside it, which can only be retried.
 			if r.Role() != RoleStandby {
-				r.log.Info("slot is held by another relay; waiting as hot standby", "detail", err)
+				r.log.Info("slot is held by a process outside the slot lock; retrying every CDCRELAY_STANDBY_RETRY", "detail", err)
 			}
 			r.setRole(RoleStandby)
 		} else {

@@ -281,6 +281,18 @@ func slotownHoldLock(t *testing.T, e *env) *pgx.Conn {
 	return c
 }
 
+// slotownWaitStandbyUntouched waits until c waits as the standby, failing
+// if it drops the slot first (both drop paths log "recreating").
+func slotownWaitStandbyUntouched(t *testing.T, c *running) {
+	t.Helper()
+	c.WaitFor(t, 30*time.Second, "standby", func() bool {
+		if logs := c.logs.String(); strings.Contains(logs, "recreating") {
+			t.Fatalf("the relay dropped the slot while another owner held it:\n%s", logs)
+		}
+		return c.relay.Role() == relay.RoleStandby
+	})
+}
+
 func slotownSlots(t *testing.T, db *pgx.Conn) map[string]bool {
 	t.Helper()
 	rows, err := db.Query(context.Background(), `SELECT slot_name FROM pg_replication_slots`)
@@ -321,7 +333,7 @@ func TestIntegrationMarkerSeenUnderAnotherOwner(t *testing.T) {
 	}
 	streamed, _ := insertTxns(t, e.db, "k", 20)
 	c := e.startRelay(nil)
-	c.WaitFor(t, 30*time.Second, "standby", func() bool { return c.relay.Role() == relay.RoleStandby })
+	slotownWaitStandbyUntouched(t, c)
 	time.Sleep(2 * time.Second)
 	if s := slotownSlots(t, e.db); !s[slotName] || !s[slot.MarkerName(slotName)] {
 		t.Fatalf("slots while another owner holds the lock: %v; the waiting relay touched them", s)
@@ -365,7 +377,7 @@ func TestIntegrationLostSlotDroppedOnlyUnderLock(t *testing.T) {
 	invalidate(t, e.db)
 	owner := slotownHoldLock(t, e)
 	c := e.startRelay(nil)
-	c.WaitFor(t, 30*time.Second, "standby", func() bool { return c.relay.Role() == relay.RoleStandby })
+	slotownWaitStandbyUntouched(t, c)
 	time.Sleep(2 * time.Second)
 	var status string
 	if err := e.db.QueryRow(context.Background(), `SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1`, slotName).Scan(&status); err != nil || status != "lost" {
