@@ -67,6 +67,7 @@ type Config struct {
 	MonitorInterval   time.Duration `env:"MONITOR_INTERVAL, default=15s"`
 	StandbyRetry      time.Duration `env:"STANDBY_RETRY, default=2s"` // only for a slot held outside the slot lock: a standby waits on the lock, it never polls
 	SlotLost          string        `env:"SLOT_LOST, default=recreate"`
+	LockDatabase      string        `env:"LOCK_DATABASE, default=postgres"` // where the slot lock is held and waited for
 
 	Poison             string   `env:"POISON, default=park"`
 	DeadLetterExchange string   `env:"DEAD_LETTER_EXCHANGE"`
@@ -204,6 +205,9 @@ func (c *Config) Validate() error {
 		bad("SLOT", "%q: slot names are 1 to 63 of a-z, 0-9 and _", c.Slot)
 	} else if err := slot.CheckName(c.Slot); err != nil {
 		bad("SLOT", "%v", err)
+	}
+	if c.LockDatabase == "" {
+		bad("LOCK_DATABASE", "must not be empty (the database the relay holds and waits for the slot lock in, postgres by default)")
 	}
 	for key, v := range map[string]string{"ID_COLUMN": c.IDColumn, "ROUTING_KEY_COLUMN": c.RoutingKeyColumn, "PAYLOAD_COLUMN": c.PayloadColumn} {
 		if v == "" {

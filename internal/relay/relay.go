@@ -176,14 +176,14 @@ const connectTimeout = 10 * time.Second
 // session runs one pipeline. ctx ending asks for a graceful stop: read no
 // more, wait up to ShutdownTimeout for in-flight confirms, confirm what was
 // acked, return. Everything it does to the slot happens under the slot
-// lock, taken first and held on db until the session ends: a standby waits
-// for it there, and closing db releases it.
+// lock, taken first on a connection of its own and held until the session
+// ends: a standby waits for it there, and closing it releases it.
 func (r *Relay) session(ctx context.Context) (err error) {
-	db, err := r.connectLock(ctx)
+	lock, err := r.connectLock(ctx)
 	if err != nil {
 		return err
 	}
-	var f *fence // set once streaming starts
+	var f *fence
 	// Deferred first, this runs last: the lock is released only once the
 	// replication connection is closed and this relay has let go of the slot.
 	defer func() {
@@ -191,20 +191,39 @@ func (r *Relay) session(ctx context.Context) (err error) {
 			err = f.explain(err)
 			f.stop()
 		}
-		_ = db.Close(context.WithoutCancel(ctx))
+		_ = lock.Close(context.WithoutCancel(ctx))
 	}()
-	if err := r.acquire(ctx, db); err != nil {
+	if err := r.acquire(ctx, lock); err != nil {
 		return err
 	}
-	info, interval, adopting, err := r.prepare(ctx, db)
+	// The lock's connection stays idle from here on; losing it ends the
+	// session at once: work is cancelled and the replication socket closed.
+	work, cancelWork := context.WithCancel(ctx)
+	defer cancelWork()
+	f = r.startFence(lock, cancelWork)
+
+	db, err := r.connectDB(work)
+	if err != nil {
+		return err
+	}
+	// The normal connection serves the setup and the adoption only.
+	closeDB := func() {
+		if db != nil {
+			_ = db.Close(context.WithoutCancel(ctx))
+			db = nil
+		}
+	}
+	defer closeDB()
+	info, interval, adopting, err := r.prepare(work, db)
 	if err != nil {
 		return err
 	}
 
-	repl, err := r.connectReplication(ctx)
+	repl, err := r.connectReplication(work)
 	if err != nil {
 		return err
 	}
+	f.guard(repl)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -219,25 +238,40 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	}()
 	start := info.ConfirmedFlush
 	if !info.Exists {
-		if link, err = r.dial(ctx); err != nil {
+		if link, err = r.dial(work); err != nil {
 			return err
 		}
-		if start, err = r.adopt(ctx, db, repl, link, adopting); err != nil {
+		if start, err = r.adopt(work, db, repl, link, adopting); err != nil {
 			return err
 		}
 	}
-	// From here on db only holds the lock; the fence ends the session the
-	// moment it is lost.
-	f = r.startFence(db, repl)
-	if err := r.startReplication(ctx, repl); err != nil {
+	closeDB()
+	if err := r.startReplication(work, repl); err != nil {
 		return err
 	}
 	if link == nil {
-		if link, err = r.dial(ctx); err != nil {
+		if link, err = r.dial(work); err != nil {
 			return err
 		}
 	}
 	return r.stream(ctx, repl, link, start, interval)
+}
+
+// connectDB opens the normal connection to the service database.
+func (r *Relay) connectDB(ctx context.Context) (*pgx.Conn, error) {
+	dbCfg, err := pgx.ParseConfig(r.cfg.DatabaseURL)
+	if err != nil {
+		return nil, errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
+	}
+	if dbCfg.ConnectTimeout == 0 {
+		dbCfg.ConnectTimeout = connectTimeout
+	}
+	db, err := pgx.ConnectConfig(ctx, dbCfg)
+	if err != nil {
+		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return db, nil
 }
 
 // prepare makes sure the publication exists, then looks at the slot, with

@@ -26,19 +26,30 @@ var lockConnParams = map[string]string{
 	"tcp_keepalives_count":    "3",
 }
 
-// connectionCheckInterval makes a backend blocked in pg_advisory_lock look
-// at its socket now and then (PostgreSQL 14+), so a standby that dies while
-// waiting leaves the lock queue within seconds. It sends nothing.
-const connectionCheckInterval = "5s"
+// lockSession makes the lock's connection fit for waiting and holding for
+// days whatever the role's or database's defaults: no statement or lock
+// timeout ends the standby's wait, and no idle_session_timeout ends the
+// owner's hold (which would stop it streaming). client_connection_check_interval
+// makes a backend blocked in pg_advisory_lock look at its socket now and
+// then, so a standby that dies while waiting leaves the lock queue within
+// seconds; it sends nothing. The last two exist from PostgreSQL 14.
+const (
+	lockSession   = "SET statement_timeout = 0; SET lock_timeout = 0"
+	lockSession14 = "; SET idle_session_timeout = 0; SET client_connection_check_interval = '5s'"
+)
 
-// connectLock opens the normal connection that holds the slot lock for the
-// whole session: a standby waits for the lock on it, and the owner runs the
-// slot's lifecycle statements and the backfill on it.
+// connectLock opens the connection that holds the slot lock for the whole
+// session, to CDCRELAY_LOCK_DATABASE: a standby waits for the lock on it.
+// The waiting statement holds a snapshot, so its xmin would hold back
+// vacuum in the database it runs in for as long as it waits; in another
+// database (postgres by default) it holds back nothing of the service
+// database's (advisory locks are per database, slot names per cluster).
 func (r *Relay) connectLock(ctx context.Context) (*pgx.Conn, error) {
 	dbCfg, err := pgx.ParseConfig(r.cfg.DatabaseURL)
 	if err != nil {
 		return nil, errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
 	}
+	dbCfg.Database = r.cfg.LockDatabase
 	if dbCfg.ConnectTimeout == 0 {
 		dbCfg.ConnectTimeout = connectTimeout
 	}
@@ -50,13 +61,15 @@ func (r *Relay) connectLock(ctx context.Context) (*pgx.Conn, error) {
 	db, err := pgx.ConnectConfig(ctx, dbCfg)
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return nil, fmt.Errorf("connect to database: %w", err)
+		return nil, fmt.Errorf("connect to the slot lock's database %s (CDCRELAY_LOCK_DATABASE): %w", r.cfg.LockDatabase, err)
 	}
+	set := lockSession
 	if serverMajor(db.PgConn()) >= 14 {
-		if _, err := db.Exec(ctx, "SET client_connection_check_interval = '"+connectionCheckInterval+"'"); err != nil {
-			_ = db.Close(context.WithoutCancel(ctx))
-			return nil, fmt.Errorf("set client_connection_check_interval: %w", err)
-		}
+		set += lockSession14
+	}
+	if _, err := db.Exec(ctx, set); err != nil {
+		_ = db.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("set up the slot lock's connection: %w", err)
 	}
 	return db, nil
 }
@@ -93,26 +106,29 @@ func (r *Relay) acquire(ctx context.Context, db *pgx.Conn) error {
 	return nil
 }
 
-// fence watches the slot lock's connection while the session streams. The
-// owner runs no statement on it then, so the only thing that can arrive is
-// its end: the backend was terminated, or the link broke. The relay then no
-// longer holds the slot lock and another relay may be taking over, so the
-// session stops at once: closing the replication socket ends the reader,
-// and with it the publisher, without waiting for anything. The watch is a
-// blocked read on the socket: no statement, no timer.
+// fence watches the slot lock's connection for the whole session after
+// the lock is taken. Nothing runs on it then, so the only thing that can
+// arrive is its end: the backend was terminated, or the link broke. The
+// relay no longer holds the slot lock and another relay may be taking
+// over, so the session stops at once: its work context is cancelled and
+// the replication socket closed, which ends the reader, and with it the
+// publisher, without waiting for anything. The watch is a blocked read on
+// the socket: no statement, no timer.
 type fence struct {
 	conn     *pgx.Conn
+	cancel   context.CancelFunc
+	repl     atomic.Pointer[pgconn.PgConn]
 	stopping atomic.Bool
 	lost     chan struct{} // closed once the lock's connection ended under the session
 	cause    error         // why; written before lost is closed
 	done     chan struct{}
 }
 
-func (r *Relay) startFence(db *pgx.Conn, repl *pgconn.PgConn) *fence {
-	f := &fence{conn: db, lost: make(chan struct{}), done: make(chan struct{})}
+func (r *Relay) startFence(lock *pgx.Conn, cancel context.CancelFunc) *fence {
+	f := &fence{conn: lock, cancel: cancel, lost: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(f.done)
-		err := db.PgConn().WaitForNotification(context.Background())
+		err := lock.PgConn().WaitForNotification(context.Background())
 		if f.stopping.Load() {
 			return
 		}
@@ -121,15 +137,29 @@ func (r *Relay) startFence(db *pgx.Conn, repl *pgconn.PgConn) *fence {
 		}
 		f.cause = err
 		close(f.lost)
-		r.log.Error("lost the slot lock (its connection ended); stopping streaming at once", "error", err)
-		_ = repl.Conn().Close()
+		r.log.Error("lost the slot lock (its connection ended); stopping at once", "error", err)
+		cancel()
+		if repl := f.repl.Load(); repl != nil {
+			_ = repl.Conn().Close()
+		}
 	}()
 	return f
 }
 
+// guard has the fence close repl's socket when the lock is lost, at once
+// if it already is.
+func (f *fence) guard(repl *pgconn.PgConn) {
+	f.repl.Store(repl)
+	select {
+	case <-f.lost:
+		_ = repl.Conn().Close()
+	default:
+	}
+}
+
 // stop ends the watch by closing the lock's socket (which releases the
-// lock); the caller closes db afterwards. Only the fence's goroutine uses
-// db's protocol state until done is closed.
+// lock); the caller closes the connection afterwards. Only the fence's
+// goroutine uses the connection's protocol state until done is closed.
 func (f *fence) stop() {
 	f.stopping.Store(true)
 	_ = f.conn.PgConn().Conn().Close()
@@ -140,7 +170,7 @@ func (f *fence) stop() {
 func (f *fence) explain(err error) error {
 	select {
 	case <-f.lost:
-		return fmt.Errorf("lost the slot lock: %w; stopped streaming (%v)", f.cause, err)
+		return fmt.Errorf("lost the slot lock: %w; stopped (%v)", f.cause, err)
 	default:
 		return err
 	}

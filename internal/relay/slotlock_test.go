@@ -37,28 +37,31 @@ func slotownURL(t *testing.T, raw, app string) string {
 // slotownBackend is one backend of a relay as pg_stat_activity shows it.
 type slotownBackend struct {
 	pid                     int32
+	database                string
 	backendStart            time.Time
-	state, waitEvent        string
+	state, waitEvent, xmin  string
 	queryStart, stateChange *time.Time
 	query                   string
 }
 
 func (b slotownBackend) String() string {
-	return fmt.Sprintf("pid=%d state=%q wait=%q query_start=%v state_change=%v query=%q", b.pid, b.state, b.waitEvent, b.queryStart, b.stateChange, b.query)
+	return fmt.Sprintf("pid=%d database=%s state=%q wait=%q xmin=%q query_start=%v state_change=%v query=%q",
+		b.pid, b.database, b.state, b.waitEvent, b.xmin, b.queryStart, b.stateChange, b.query)
 }
 
 // slotownBackends lists the client backends with application_name app.
 func slotownBackends(t *testing.T, db *pgx.Conn, app string) []slotownBackend {
 	t.Helper()
 	rows, err := db.Query(context.Background(), `
-		SELECT pid, backend_start, coalesce(state, ''), coalesce(wait_event_type || ':' || wait_event, ''), query_start, state_change, query
+		SELECT pid, datname, backend_start, coalesce(state, ''), coalesce(wait_event_type || ':' || wait_event, ''),
+		       coalesce(backend_xmin::text, ''), query_start, state_change, query
 		FROM pg_stat_activity WHERE application_name = $1 AND backend_type = 'client backend' ORDER BY pid`, app)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (slotownBackend, error) {
 		var b slotownBackend
-		err := r.Scan(&b.pid, &b.backendStart, &b.state, &b.waitEvent, &b.queryStart, &b.stateChange, &b.query)
+		err := r.Scan(&b.pid, &b.database, &b.backendStart, &b.state, &b.waitEvent, &b.xmin, &b.queryStart, &b.stateChange, &b.query)
 		return b, err
 	})
 	if err != nil {
@@ -116,10 +119,15 @@ func slotownLockHolder(t *testing.T, db *pgx.Conn) int32 {
 // TestIntegrationStandbyZeroPolling: two relays on one slot, idle for 60 s.
 // PostgreSQL's own statistics show the standby ran no statement and opened
 // no connection meanwhile: its backends keep their pids and query_start,
-// and the database counts no new session and no transaction at all.
+// and neither the service database nor the lock's database counts a new
+// session or a transaction. The standby holds back no vacuum horizon in
+// the service database (its waiting statement runs in the lock's).
 func TestIntegrationStandbyZeroPolling(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{Settings: map[string]string{"autovacuum": "off"}}, "#")
-	stats, err := pgx.Connect(context.Background(), e.pg.URL("postgres"))
+	if err := e.pg.CreateDatabase(context.Background(), "slotown_stats"); err != nil {
+		t.Fatal(err)
+	}
+	stats, err := pgx.Connect(context.Background(), e.pg.URL("slotown_stats"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +144,13 @@ func TestIntegrationStandbyZeroPolling(t *testing.T) {
 	time.Sleep(11 * time.Second)
 
 	before := slotownBackends(t, stats, "slotown_b")
+	for _, bk := range before {
+		if bk.database == "app" && bk.xmin != "" {
+			t.Fatalf("the standby holds back the service database's vacuum horizon: %v", bk)
+		}
+	}
 	sessions0, xacts0 := slotownDBStats(t, stats, "app")
+	lockSessions0, lockXacts0 := slotownDBStats(t, stats, "postgres")
 	const window = 60 * time.Second
 	for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(5 * time.Second) {
 		if now := slotownBackends(t, stats, "slotown_b"); fmt.Sprint(now) != fmt.Sprint(before) {
@@ -145,13 +159,15 @@ func TestIntegrationStandbyZeroPolling(t *testing.T) {
 	}
 	after := slotownBackends(t, stats, "slotown_b")
 	sessions1, xacts1 := slotownDBStats(t, stats, "app")
-	t.Logf("standby idle %s: backends %d (%v), new sessions in the database %d, transactions %d",
-		window, len(after), after, sessions1-sessions0, xacts1-xacts0)
+	lockSessions1, lockXacts1 := slotownDBStats(t, stats, "postgres")
+	t.Logf("standby idle %s: backends %d (%v); service database: %d new sessions, %d transactions; lock database: %d new sessions, %d transactions",
+		window, len(after), after, sessions1-sessions0, xacts1-xacts0, lockSessions1-lockSessions0, lockXacts1-lockXacts0)
 	if fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("the standby's backends changed while idle:\nbefore %v\nafter  %v", before, after)
 	}
-	if sessions1 != sessions0 || xacts1 != xacts0 {
-		t.Fatalf("while both relays were idle the database counted %d new sessions and %d transactions, want 0 and 0", sessions1-sessions0, xacts1-xacts0)
+	if sessions1 != sessions0 || xacts1 != xacts0 || lockSessions1 != lockSessions0 || lockXacts1 != lockXacts0 {
+		t.Fatalf("while both relays were idle the databases counted %d+%d new sessions and %d+%d transactions, want 0",
+			sessions1-sessions0, lockSessions1-lockSessions0, xacts1-xacts0, lockXacts1-lockXacts0)
 	}
 	if b.relay.Role() != relay.RoleStandby || !a.relay.Streaming() {
 		t.Fatalf("roles after the window: a %s, b %s", a.relay.Role(), b.relay.Role())
@@ -270,11 +286,15 @@ func TestIntegrationFencedOnLockLoss(t *testing.T) {
 		stopped.Round(time.Millisecond), tookOver.Round(time.Millisecond), len(rows), dups)
 }
 
-// slotownHoldLock takes the slot lock on a connection of the test's own,
-// as a relay in the middle of its work would hold it.
+// slotownHoldLock takes the slot lock on a connection of the test's own to
+// the lock's database, as a relay in the middle of its work would hold it.
 func slotownHoldLock(t *testing.T, e *env) *pgx.Conn {
 	t.Helper()
-	c := e.connect()
+	c, err := pgx.Connect(context.Background(), e.pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	if _, err := c.Exec(context.Background(), `SELECT pg_advisory_lock($1, hashtext($2))`, slot.LockClass, slotName); err != nil {
 		t.Fatal(err)
 	}
@@ -471,4 +491,34 @@ func TestIntegrationSlotCreationBlockedByPreparedTransaction(t *testing.T) {
 	rows, _ := insertTxns(t, e.db, "k", 3)
 	all := append([]row{pending}, rows...)
 	waitAll(t, e.consumer, all, 30*time.Second)
+}
+
+// TestIntegrationLockIgnoresRoleTimeouts: statement, lock and idle-session
+// timeouts set on the relay's role (common production defaults) end
+// neither the standby's wait nor the owner's hold of the slot lock.
+func TestIntegrationLockIgnoresRoleTimeouts(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	if _, err := e.db.Exec(context.Background(), `ALTER ROLE cdcrelay_app SET statement_timeout = '1s'; ALTER ROLE cdcrelay_app SET lock_timeout = '1s'; ALTER ROLE cdcrelay_app SET idle_session_timeout = '2s'`); err != nil {
+		t.Fatal(err)
+	}
+	a := e.startRelay(map[string]string{"DATABASE_URL": slotownURL(t, e.relayURL, "slotown_a")})
+	a.waitStreaming(t)
+	b := e.startRelay(map[string]string{"DATABASE_URL": slotownURL(t, e.relayURL, "slotown_b")})
+	b.WaitFor(t, 30*time.Second, "standby", func() bool { return b.relay.Role() == relay.RoleStandby })
+	waiting := slotownWaitingOnLock(t, e.db, "slotown_b", 10*time.Second)
+	holder := slotownLockHolder(t, e.db)
+	time.Sleep(6 * time.Second)
+	if now := slotownWaitingOnLock(t, e.db, "slotown_b", time.Second); now.pid != waiting.pid || fmt.Sprint(now.queryStart) != fmt.Sprint(waiting.queryStart) {
+		t.Fatalf("the standby's wait was interrupted: %v, then %v", waiting, now)
+	}
+	if now := slotownLockHolder(t, e.db); now != holder || !a.relay.Streaming() {
+		t.Fatalf("slot lock holder %d, then %d (a %s)", holder, now, a.relay.Role())
+	}
+	for name, r := range map[string]*running{"a": a, "b": b} {
+		if n := gauge(t, r.reg, "cdcrelay_pipeline_restarts_total"); n != 0 {
+			t.Fatalf("relay %s restarted %v times:\n%s", name, n, r.logs.String())
+		}
+	}
+	rows, _ := insertTxns(t, e.db, "k", 5)
+	waitAll(t, e.consumer, rows, 30*time.Second)
 }
