@@ -107,6 +107,7 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 	} else {
 		fs = append(fs, classifyTransactions(prepared, long, sl.exists)...)
 	}
+	fs = append(fs, slotLock(ctx, cfg, opts))
 	return fs
 }
 

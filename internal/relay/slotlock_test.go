@@ -519,6 +519,18 @@ func TestIntegrationLockIgnoresRoleTimeouts(t *testing.T) {
 			t.Fatalf("relay %s restarted %v times:\n%s", name, n, r.logs.String())
 		}
 	}
+	// check names the holder, as operators find it.
+	var lockFinding *preflight.Finding
+	fs := preflight.Run(context.Background(), e.config(nil), preflight.Options{})
+	for i := range fs {
+		if fs[i].Check == "slot_lock" {
+			lockFinding = &fs[i]
+		}
+	}
+	if lockFinding == nil || lockFinding.Severity != preflight.OK || !strings.Contains(lockFinding.Message, fmt.Sprintf("held by pid %d", holder)) {
+		t.Fatalf("check's slot_lock finding %+v; want OK naming pid %d", lockFinding, holder)
+	}
+	t.Logf("check: %s", lockFinding.Message)
 	rows, _ := insertTxns(t, e.db, "k", 5)
 	waitAll(t, e.consumer, rows, 30*time.Second)
 }
