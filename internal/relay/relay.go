@@ -63,9 +63,10 @@ type Relay struct {
 	walM    *wal.Metrics
 	pubM    *publish.Metrics
 
-	role   atomic.Int32
-	alive  atomic.Int64           // unix nanos of the reader's last turn
-	detail atomic.Pointer[string] // what a starting relay waits for (see Status)
+	role    atomic.Int32
+	alive   atomic.Int64           // unix nanos of the reader's last turn
+	detail  atomic.Pointer[string] // what a starting relay waits for (see Status)
+	lockPID atomic.Uint32          // backend pid of the last session's slot lock connection
 }
 
 // wedgedAfter is how long a streaming reader may go without a turn of its

@@ -87,16 +87,25 @@ func serverMajor(c *pgconn.PgConn) int {
 // nothing and opening nothing, and goes on the moment the holder's session
 // ends (invariant 8, docs/reliability.md).
 func (r *Relay) acquire(ctx context.Context, db *pgx.Conn) error {
+	previous := r.lockPID.Swap(db.PgConn().PID())
 	ok, err := slot.TryLock(ctx, db, r.cfg.Slot)
 	if err != nil || ok {
 		return err
 	}
-	r.setRole(RoleStandby)
 	attrs := []any{"lock", fmt.Sprintf("pg_locks: locktype=advisory classid=%d objid=hashtext('%s') objsubid=2", slot.LockClass, r.cfg.Slot)}
-	if h, found, err := slot.LockHolder(ctx, db, r.cfg.Slot); err == nil && found {
+	h, found, err := slot.LockHolder(ctx, db, r.cfg.Slot)
+	if err == nil && found {
 		attrs = append(attrs, "holder_pid", h.PID, "holder_application_name", h.ApplicationName, "holder_client_addr", h.ClientAddr)
 	}
-	r.log.Info("slot is held by another relay; waiting as hot standby", attrs...)
+	if found && uint32(h.PID) == previous {
+		// This relay's last session ended a moment ago and its backend is
+		// still on its way out (or, behind a broken link, until keepalives
+		// end it): not a standby, just waiting for its own lock to go.
+		r.log.Info("waiting for the slot lock of this relay's previous session to be released", attrs...)
+	} else {
+		r.setRole(RoleStandby)
+		r.log.Info("slot is held by another relay; waiting as hot standby", attrs...)
+	}
 	began := time.Now()
 	if err := slot.WaitLock(ctx, db, r.cfg.Slot); err != nil {
 		return err
