@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
@@ -531,6 +533,64 @@ func TestIntegrationLockIgnoresRoleTimeouts(t *testing.T) {
 		t.Fatalf("check's slot_lock finding %+v; want OK naming pid %d", lockFinding, holder)
 	}
 	t.Logf("check: %s", lockFinding.Message)
+	rows, _ := insertTxns(t, e.db, "k", 5)
+	waitAll(t, e.consumer, rows, 30*time.Second)
+	// A waiting standby stops at once on request.
+	began := time.Now()
+	if err := b.stop(t); err != nil {
+		t.Fatalf("standby stopped with %v", err)
+	}
+	if took := time.Since(began); took > 5*time.Second {
+		t.Fatalf("a waiting standby took %s to stop", took)
+	}
+}
+
+// TestIntegrationSlotStreamedOutsideLock: a process that streams the slot
+// without the slot lock (a relay of an older version during a rolling
+// upgrade, another client) keeps the lock's owner retrying: briefly at
+// first, as for a dead holder's walsender, then every
+// CDCRELAY_STANDBY_RETRY as a standby. Once it lets go, the relay streams.
+func TestIntegrationSlotStreamedOutsideLock(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	r := e.startRelay(nil)
+	r.waitStreaming(t)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cfg, err := pgconn.ParseConfig(e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	var other *pgconn.PgConn
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if other, err = pgconn.ConnectConfig(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		err = pglogrepl.StartReplication(ctx, other, slotName, 0, pglogrepl.StartReplicationOptions{
+			PluginArgs: []string{"proto_version '1'", "publication_names 'cdcrelay_outbox'"},
+		})
+		if err == nil {
+			break
+		}
+		_ = other.Close(ctx)
+		if time.Now().After(deadline) { // the stopped relay's walsender may linger a moment
+			t.Fatal(err)
+		}
+	}
+	c := e.startRelay(map[string]string{"STANDBY_RETRY": "500ms"})
+	c.WaitFor(t, 20*time.Second, "the relay to give up on the foreign holder", func() bool {
+		return strings.Contains(c.logs.String(), "outside the slot lock")
+	})
+	if c.relay.Role() != relay.RoleStandby {
+		t.Fatalf("role %s while another process streams the slot, want standby", c.relay.Role())
+	}
+	if !strings.Contains(c.logs.String(), "slot still active for the previous holder's walsender") {
+		t.Fatal("the relay did not first retry briefly")
+	}
+	_ = other.Close(ctx)
+	c.waitStreaming(t)
 	rows, _ := insertTxns(t, e.db, "k", 5)
 	waitAll(t, e.consumer, rows, 30*time.Second)
 }
