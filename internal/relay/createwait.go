@@ -23,6 +23,12 @@ func (r *Relay) Status() string {
 
 func (r *Relay) setDetail(d string) { r.detail.Store(&d) }
 
+// Owner reports whether this relay holds the slot lock now: it is the one
+// relay working on the slot, whether creating it, publishing its snapshot
+// backlog or streaming (Streaming is only the last). Stages that should
+// run on exactly one replica, also during an adoption, can follow it.
+func (r *Relay) Owner() bool { return r.owner.Load() }
+
 // When slot creation has waited this long the relay says for what, and
 // then again every createReportEvery.
 const (

@@ -67,6 +67,7 @@ type Relay struct {
 	alive   atomic.Int64           // unix nanos of the reader's last turn
 	detail  atomic.Pointer[string] // what a starting relay waits for (see Status)
 	lockPID atomic.Uint32          // backend pid of the last session's slot lock connection
+	owner   atomic.Bool            // the session holds the slot lock (see Owner)
 }
 
 // wedgedAfter is how long a streaming reader may go without a turn of its
@@ -197,6 +198,8 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	if err := r.acquire(ctx, lock); err != nil {
 		return err
 	}
+	r.owner.Store(true)
+	defer r.owner.Store(false)
 	// The lock's connection stays idle from here on; losing it ends the
 	// session at once: work is cancelled and the replication socket closed.
 	work, cancelWork := context.WithCancel(ctx)

@@ -171,8 +171,8 @@ func TestIntegrationStandbyZeroPolling(t *testing.T) {
 		t.Fatalf("while both relays were idle the databases counted %d+%d new sessions and %d+%d transactions, want 0",
 			sessions1-sessions0, lockSessions1-lockSessions0, xacts1-xacts0, lockXacts1-lockXacts0)
 	}
-	if b.relay.Role() != relay.RoleStandby || !a.relay.Streaming() {
-		t.Fatalf("roles after the window: a %s, b %s", a.relay.Role(), b.relay.Role())
+	if b.relay.Role() != relay.RoleStandby || !a.relay.Streaming() || b.relay.Owner() || !a.relay.Owner() {
+		t.Fatalf("roles after the window: a %s (owner %v), b %s (owner %v)", a.relay.Role(), a.relay.Owner(), b.relay.Role(), b.relay.Owner())
 	}
 	// The wait is real: the standby takes over once the holder stops.
 	if err := a.stop(t); err != nil {
