@@ -144,11 +144,12 @@ func httpHandler(reg *prometheus.Registry, r *relay.Relay) http.Handler {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	// Ready means doing its job: streaming, or a healthy hot standby
-	// waiting for the slot. Starting or backing off after a failure is not.
+	// waiting for the slot. Starting or backing off after a failure is not;
+	// the body then says what it waits for when the relay knows.
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		role := r.Role()
 		if role != relay.RoleStreaming && role != relay.RoleStandby {
-			http.Error(w, role.String(), http.StatusServiceUnavailable)
+			http.Error(w, r.Status(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, role.String()+"\n")

@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/sethvargo/go-envconfig"
+
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // Prefix is the prefix of every environment variable the relay reads.
@@ -68,8 +70,9 @@ type Config struct {
 	RetentionInterval Duration      `env:"RETENTION_INTERVAL, default=1h"`
 	RetentionBatch    int           `env:"RETENTION_BATCH, default=5000"`
 	MonitorInterval   time.Duration `env:"MONITOR_INTERVAL, default=15s"`
-	StandbyRetry      time.Duration `env:"STANDBY_RETRY, default=2s"`
+	StandbyRetry      time.Duration `env:"STANDBY_RETRY, default=2s"` // only for a slot held outside the slot lock: a standby waits on the lock, it never polls
 	SlotLost          string        `env:"SLOT_LOST, default=recreate"`
+	LockDatabase      string        `env:"LOCK_DATABASE, default=postgres"` // where the slot lock is held and waited for
 
 	Poison             string   `env:"POISON, default=park"`
 	DeadLetterExchange string   `env:"DEAD_LETTER_EXCHANGE"`
@@ -229,6 +232,11 @@ func (c *Config) Validate() error {
 	}
 	if !slotRe.MatchString(c.Slot) {
 		bad("SLOT", "%q: slot names are 1 to 63 of a-z, 0-9 and _", c.Slot)
+	} else if err := slot.CheckName(c.Slot); err != nil {
+		bad("SLOT", "%v", err)
+	}
+	if c.LockDatabase == "" {
+		bad("LOCK_DATABASE", "must not be empty (the database the relay holds and waits for the slot lock in, postgres by default)")
 	}
 	for _, n := range c.names() {
 		if *n.value == "" && n.optional {

@@ -104,6 +104,12 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 		sl.noReplication = roleOK.ok() && !role.super && !role.replication && !role.rdsReplication
 		fs = append(fs, classifySlot(t, sl))
 	}
+	if prepared, long, err := s.transactions(ctx); err != nil {
+		fs = append(fs, failed(checkTransactions, "read open transactions (pg_prepared_xacts, pg_stat_activity)", err))
+	} else {
+		fs = append(fs, classifyTransactions(prepared, long, sl.exists)...)
+	}
+	fs = append(fs, slotLock(ctx, cfg, opts))
 	return fs
 }
 

@@ -75,8 +75,11 @@ type Relay struct {
 	refused *publish.Refusals
 
 	role     atomic.Int32
-	alive    atomic.Int64 // unix nanos of the reader's last turn
-	adopting atomic.Bool  // a new slot's backlog is being published
+	alive    atomic.Int64           // unix nanos of the reader's last turn
+	adopting atomic.Bool            // a new slot's backlog is being published
+	detail   atomic.Pointer[string] // what a starting relay waits for (see Status)
+	lockPID  atomic.Uint32          // backend pid of the last session's slot lock connection
+	owner    atomic.Bool            // the session holds the slot lock (see Owner)
 }
 
 // wedgedAfter is how long a streaming reader may go without a turn of its
@@ -155,8 +158,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		wait := r.cfg.StandbyRetry
 		if errors.Is(err, slot.ErrBusy) {
+			// A relay of this version waits for the slot lock in session;
+			// this is a slot held outside it, which can only be retried.
 			if r.Role() != RoleStandby {
-				r.log.Info("slot is held by another relay; waiting as hot standby", "detail", err)
+				r.log.Info("slot is held by a process outside the slot lock; retrying every CDCRELAY_STANDBY_RETRY", "detail", err)
 			}
 			r.setRole(RoleStandby)
 		} else {
@@ -190,22 +195,40 @@ const connectTimeout = 10 * time.Second
 
 // session runs one pipeline. ctx ending asks for a graceful stop: read no
 // more, wait up to ShutdownTimeout for in-flight confirms, confirm what was
-// acked, return.
-func (r *Relay) session(ctx context.Context) error {
-	dbCfg, err := pgx.ParseConfig(r.cfg.DatabaseURL)
+// acked, return. Everything it does to the slot happens under the slot
+// lock, taken first on a connection of its own and held until the session
+// ends: a standby waits for it there, and closing it releases it.
+func (r *Relay) session(ctx context.Context) (err error) {
+	lock, err := r.connectLock(ctx)
 	if err != nil {
-		return errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
+		return err
 	}
-	if dbCfg.ConnectTimeout == 0 {
-		dbCfg.ConnectTimeout = connectTimeout
+	var f *fence
+	// Deferred first, this runs last: the lock is released only once the
+	// replication connection is closed and this relay has let go of the slot.
+	defer func() {
+		if f != nil {
+			err = f.explain(err)
+			f.stop()
+		}
+		_ = lock.Close(context.WithoutCancel(ctx))
+	}()
+	if err := r.acquire(ctx, lock); err != nil {
+		return err
 	}
-	db, err := pgx.ConnectConfig(ctx, dbCfg)
+	r.owner.Store(true)
+	defer r.owner.Store(false)
+	// The lock's connection stays idle from here on; losing it ends the
+	// session at once: work is cancelled and the replication socket closed.
+	work, cancelWork := context.WithCancel(ctx)
+	defer cancelWork()
+	f = r.startFence(lock, cancelWork)
+
+	db, err := r.connectDB(work)
 	if err != nil {
-		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return fmt.Errorf("connect to database: %w", err)
+		return err
 	}
-	// The normal connection serves the setup and the adoption only; it also
-	// holds the adoption lock, which closing it releases.
+	// The normal connection serves the setup and the adoption only.
 	closeDB := func() {
 		if db != nil {
 			_ = db.Close(context.WithoutCancel(ctx))
@@ -213,15 +236,16 @@ func (r *Relay) session(ctx context.Context) error {
 		}
 	}
 	defer closeDB()
-	info, interval, adopting, err := r.prepare(ctx, db)
+	info, interval, adopting, err := r.prepare(work, db)
 	if err != nil {
 		return err
 	}
 
-	repl, err := r.connectReplication(ctx)
+	repl, err := r.connectReplication(work)
 	if err != nil {
 		return err
 	}
+	f.guard(repl)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -236,38 +260,52 @@ func (r *Relay) session(ctx context.Context) error {
 	}()
 	start := info.ConfirmedFlush
 	if !info.Exists {
-		if link, err = r.dial(ctx); err != nil {
+		if link, err = r.dial(work); err != nil {
 			return err
 		}
-		if start, err = r.adopt(ctx, db, repl, link, adopting); err != nil {
+		if start, err = r.adopt(work, db, repl, link, adopting); err != nil {
 			return err
 		}
 	}
 	closeDB()
-	if err := r.startReplication(ctx, repl); err != nil {
+	if err := r.startReplication(work, repl); err != nil {
 		return err
 	}
 	if link == nil {
-		if link, err = r.dial(ctx); err != nil {
+		if link, err = r.dial(work); err != nil {
 			return err
 		}
 	}
 	return r.stream(ctx, repl, link, start, interval)
 }
 
-// prepare makes sure the publication exists, then looks at the slot:
-// another relay holding it makes this one a standby; an invalidated slot or
-// an interrupted adoption is dropped so that it is created again with a
-// snapshot backfill. adopting reports that prepare already holds the
-// adoption lock.
+// connectDB opens the normal connection to the service database.
+func (r *Relay) connectDB(ctx context.Context) (*pgx.Conn, error) {
+	dbCfg, err := pgx.ParseConfig(r.cfg.DatabaseURL)
+	if err != nil {
+		return nil, errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
+	}
+	if dbCfg.ConnectTimeout == 0 {
+		dbCfg.ConnectTimeout = connectTimeout
+	}
+	db, err := pgx.ConnectConfig(ctx, dbCfg)
+	if err != nil {
+		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return db, nil
+}
+
+// prepare makes sure the publication exists, then looks at the slot, with
+// the slot lock held: an invalidated slot or an interrupted adoption is
+// dropped so that it is created again with a snapshot backfill. adopting
+// reports that prepare already holds the adoption lock.
 func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, interval time.Duration, adopting bool, err error) {
 	info, interval, err = r.inspect(ctx, db)
 	if err != nil || !info.Exists {
 		return info, interval, false, err
 	}
 	switch {
-	case info.Active:
-		return info, 0, false, fmt.Errorf("%w: slot %s is active", slot.ErrBusy, r.cfg.Slot)
 	case info.Lost:
 		r.metrics.slotLost.Inc()
 		if r.cfg.SlotLost == config.SlotLostStop {
@@ -276,14 +314,17 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 		r.log.Error("replication slot was invalidated (wal_status=lost); recreating it and publishing every unpublished row from its snapshot", "confirmed_flush", info.ConfirmedFlush)
 	case info.Adopting:
 		// The marker outlives only a relay that died while publishing the
-		// backlog: a live adopter holds the lock, and BeginAdoption reports
-		// ErrBusy before anything is dropped.
+		// backlog: a live adopter of this version holds the slot lock, which
+		// is ours, and one of an older version holds the adoption lock, for
+		// which BeginAdoption reports ErrBusy before anything is dropped.
 		if err := slot.BeginAdoption(ctx, db, r.cfg.Slot); err != nil {
 			return info, 0, false, err
 		}
 		adopting = true
 		r.log.Warn("the previous adoption of this slot was interrupted; recreating the slot and publishing the backlog again")
 	default:
+		// An active slot is the dead holder's walsender on its way out (or
+		// a process outside the slot lock): startReplication waits for it.
 		return info, interval, false, nil
 	}
 	if err := slot.Drop(ctx, db, r.cfg.Slot); err != nil {
@@ -293,8 +334,7 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 }
 
 // inspect creates the publication if needed and reads the slot's state.
-// Unless another relay holds the slot, it then verifies that the
-// publication publishes exactly the outbox table's inserts (else the
+// It then verifies that the publication publishes exactly the outbox table's inserts (else the
 // session ends with a fatal ErrPublication naming the remedy) and maps the
 // outbox by the table's OID for this session (invariant 9,
 // docs/reliability.md).
@@ -311,9 +351,12 @@ func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Dura
 		return slot.Info{}, 0, err
 	}
 	info, err := slot.Inspect(ctx, db, r.target)
-	if err != nil || info.Active {
-		return info, interval, err // a standby streams nothing: no need to verify yet
+	if err != nil {
+		return info, interval, err
 	}
+	// Verified even when the slot is still active: with the slot lock held
+	// that is a dead holder's walsender letting go, and this session will
+	// stream as soon as it has.
 	table, err := slot.VerifyPublication(ctx, db, r.target)
 	if err != nil {
 		return slot.Info{}, 0, err
@@ -331,7 +374,7 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 			return 0, err
 		}
 	}
-	created, err := slot.Create(ctx, repl, r.cfg.Slot)
+	created, err := r.createSlot(ctx, db, repl)
 	if err != nil {
 		return 0, err
 	}
@@ -554,9 +597,9 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	return conn, nil
 }
 
-// startReplication streams from the slot's confirmed position: start LSN 0
-// lets the server choose it; the relay never picks a position of its own.
-func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn) error {
+// startOnce sends START_REPLICATION once (see startReplication); a slot
+// active for another process is returned as the server's error.
+func (r *Relay) startOnce(ctx context.Context, conn *pgconn.PgConn) error {
 	err := pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{
@@ -565,8 +608,8 @@ func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn) error
 		},
 	})
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55006" { // active for another PID
-		return fmt.Errorf("%w: %s", slot.ErrBusy, pgErr.Message)
+	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+		return err
 	}
 	if err != nil {
 		return fmt.Errorf("start replication on slot %s: %w", r.cfg.Slot, err)

@@ -160,46 +160,6 @@ func Create(ctx context.Context, repl *pgconn.PgConn, slotName string) (Created,
 	return Created{ConsistentPoint: lsn, Snapshot: res.SnapshotName}, nil
 }
 
-// MarkerName names the adoption marker of a slot: a physical slot that
-// reserves no WAL and exists only while the backlog of a new slot is being
-// published. A relay that finds it next to the slot knows the adoption was
-// interrupted (the process died) and starts it over. Slot names are
-// cluster-wide, so the marker is unique as the slot is.
-func MarkerName(slotName string) string {
-	return slotName[:min(len(slotName), 54)] + "_adopting"
-}
-
-// BeginAdoption takes the adoption lock and creates the marker. It returns
-// ErrBusy when another relay holds the lock (it is adopting right now).
-// The lock is session-scoped on db and ends with the connection, so a dead
-// relay never leaves it behind.
-func BeginAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
-	var locked bool
-	if err := db.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('cdcrelay adoption ' || $1))`, slotName).Scan(&locked); err != nil {
-		return fmt.Errorf("take adoption lock: %w", err)
-	}
-	if !locked {
-		return fmt.Errorf("%w: another relay is publishing the backlog of slot %s", ErrBusy, slotName)
-	}
-	_, err := db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, MarkerName(slotName))
-	if err != nil && pgCode(err) != "42710" {
-		return fmt.Errorf("create adoption marker %s: %w", MarkerName(slotName), err)
-	}
-	return nil
-}
-
-// EndAdoption drops the marker and releases the lock: the slot's backlog
-// is published and streaming may begin.
-func EndAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
-	if err := Drop(ctx, db, MarkerName(slotName)); err != nil {
-		return fmt.Errorf("drop adoption marker: %w", err)
-	}
-	if _, err := db.Exec(ctx, `SELECT pg_advisory_unlock(hashtext('cdcrelay adoption ' || $1))`, slotName); err != nil {
-		return fmt.Errorf("release adoption lock: %w", err)
-	}
-	return nil
-}
-
 func pgCode(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

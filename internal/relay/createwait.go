@@ -1,0 +1,115 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/slot"
+)
+
+// Status is Role, followed by what the relay waits for when it knows, e.g.
+// "starting: creating replication slot … waits for …". /readyz shows it.
+func (r *Relay) Status() string {
+	s := r.Role().String()
+	if d := r.detail.Load(); d != nil && *d != "" {
+		s += ": " + *d
+	}
+	return s
+}
+
+func (r *Relay) setDetail(d string) { r.detail.Store(&d) }
+
+// Owner reports whether this relay holds the slot lock now: it is the one
+// relay working on the slot, whether creating it, publishing its snapshot
+// backlog or streaming (Streaming is only the last). Stages that should
+// run on exactly one replica, also during an adoption, can follow it.
+func (r *Relay) Owner() bool { return r.owner.Load() }
+
+// When slot creation has waited this long the relay says for what, and
+// then again every createReportEvery.
+const (
+	createReportAfter = 2 * time.Second
+	createReportEvery = 30 * time.Second
+)
+
+// createSlot runs CREATE_REPLICATION_SLOT, which waits until every
+// transaction that holds an xid anywhere in the cluster has ended: a
+// forgotten prepared transaction or an idle-in-transaction session holds
+// it up indefinitely. Meanwhile the relay reports what it waits for, on db
+// (idle then: it only holds the slot lock). ctx ending cancels the wait on
+// the server, so the walsender drops the half-made slot and stops waiting.
+func (r *Relay) createSlot(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn) (slot.Created, error) {
+	stopWatch := r.watchCreate(ctx, db, repl)
+	defer stopWatch()
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stopCancel := context.AfterFunc(ctx, func() {
+		// Closing the socket alone would leave the walsender waiting for
+		// the blocking transactions; a cancel request ends its wait.
+		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer rcancel()
+		if repl.CancelRequest(rctx) != nil {
+			cancel()
+		}
+		time.AfterFunc(5*time.Second, cancel)
+	})
+	defer stopCancel()
+	created, err := slot.Create(cctx, repl, r.cfg.Slot)
+	if ctx.Err() != nil {
+		return slot.Created{}, ctx.Err()
+	}
+	return created, err
+}
+
+// watchCreate reports, while slot creation waits, the transactions it waits
+// for: a log line after createReportAfter and every createReportEvery, and
+// the same in Status. The returned func stops it and clears the status; db
+// is free again once it returns.
+func (r *Relay) watchCreate(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	began := time.Now()
+	go func() {
+		defer close(done)
+		wait := createReportAfter
+		for {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = createReportEvery
+			r.reportCreateWait(ctx, db, repl, time.Since(began))
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+		r.setDetail("")
+	}
+}
+
+func (r *Relay) reportCreateWait(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, waited time.Duration) {
+	// A cancelled statement would close db and release the slot lock: the
+	// query finishes even when ctx ends (it is a quick catalog read).
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	blockers, err := slot.CreateBlockers(qctx, db, int32(repl.PID()), waited, []int32{int32(db.PgConn().PID()), int32(repl.PID())})
+	what := fmt.Sprintf("creating replication slot %s has waited %s for the transactions open when it began to end", r.cfg.Slot, waited.Round(time.Second))
+	switch {
+	case err != nil:
+		r.log.Warn(what+"; could not list them", "error", err)
+	case len(blockers) == 0:
+		r.log.Warn(what + " (none is left; it should finish soon)")
+	default:
+		what += ": " + slot.Describe(blockers)
+		r.log.Warn("replication slot creation is waiting for open transactions to end (commit or roll back prepared transactions, end idle-in-transaction sessions)",
+			"waited", waited.Round(time.Second), "blockers", slot.Describe(blockers))
+	}
+	r.setDetail(what)
+}

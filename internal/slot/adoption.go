@@ -1,0 +1,75 @@
+package slot
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// MarkerSuffix ends every adoption marker's name.
+const MarkerSuffix = "_adopting"
+
+// MaxNameLen is the longest slot name the relay accepts: its marker must
+// fit PostgreSQL's 63-character limit whole (NAMEDATALEN - 1), or two slots
+// sharing a long prefix would share a marker.
+const MaxNameLen = 63 - len(MarkerSuffix)
+
+// CheckName refuses slot names that cannot get a marker of their own. With
+// the name at most MaxNameLen characters and not ending in MarkerSuffix,
+// MarkerName is injective and no configured slot name equals another slot's
+// marker, so one relay can never take another slot's marker for its own.
+func CheckName(name string) error {
+	switch {
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("%q is %d characters; at most %d, so that its adoption marker %s<suffix> fits PostgreSQL's 63-character slot names", name, len(name), MaxNameLen, MarkerSuffix)
+	case strings.HasSuffix(name, MarkerSuffix):
+		return fmt.Errorf("%q ends in %s, which names the adoption marker of another slot", name, MarkerSuffix)
+	}
+	return nil
+}
+
+// MarkerName names the adoption marker of a slot: a physical slot that
+// reserves no WAL and exists only while the backlog of a new slot is being
+// published. A relay that finds it next to the slot knows the adoption was
+// interrupted (the process died) and starts it over. Slot names are
+// cluster-wide and CheckName keeps this mapping injective, so the marker is
+// unique as the slot is.
+func MarkerName(slotName string) string {
+	return slotName + MarkerSuffix
+}
+
+// BeginAdoption takes the adoption lock and creates the marker. The relay
+// calls it only while it holds the slot lock, which already excludes every
+// other relay of this version; the adoption lock is kept so that a relay of
+// an older version (which knows only this lock) never drops a slot being
+// adopted during a rolling upgrade. It returns ErrBusy when another process
+// holds the adoption lock. The lock is session-scoped on db and ends with
+// the connection, so a dead relay never leaves it behind.
+func BeginAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
+	var locked bool
+	if err := db.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('cdcrelay adoption ' || $1))`, slotName).Scan(&locked); err != nil {
+		return fmt.Errorf("take adoption lock: %w", err)
+	}
+	if !locked {
+		return fmt.Errorf("%w: another relay is publishing the backlog of slot %s", ErrBusy, slotName)
+	}
+	_, err := db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, MarkerName(slotName))
+	if err != nil && pgCode(err) != "42710" {
+		return fmt.Errorf("create adoption marker %s: %w", MarkerName(slotName), err)
+	}
+	return nil
+}
+
+// EndAdoption drops the marker and releases the adoption lock: the slot's
+// backlog is published and streaming may begin.
+func EndAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
+	if err := Drop(ctx, db, MarkerName(slotName)); err != nil {
+		return fmt.Errorf("drop adoption marker: %w", err)
+	}
+	if _, err := db.Exec(ctx, `SELECT pg_advisory_unlock(hashtext('cdcrelay adoption ' || $1))`, slotName); err != nil {
+		return fmt.Errorf("release adoption lock: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,46 @@
+package slot
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestMarkerNamesCollisionFree: slot names sharing a long prefix get
+// markers of their own, names that could not are refused, and no accepted
+// name is another accepted name's marker.
+func TestMarkerNamesCollisionFree(t *testing.T) {
+	prefix := strings.Repeat("a", 53)
+	accepted := []string{"cdcrelay_outbox", "a", prefix, prefix + "b", prefix + "c", strings.Repeat("z", MaxNameLen), "x_adoptin", "adopting", "_adopting_x"}
+	refused := []string{
+		prefix + "bc",           // 55: the old truncation gave it prefix+"b"'s marker
+		strings.Repeat("a", 63), // the longest legal slot name
+		"orders" + MarkerSuffix, // another slot's marker
+		strings.Repeat("q", 45) + MarkerSuffix,
+	}
+	markers := map[string]string{}
+	for _, name := range accepted {
+		if err := CheckName(name); err != nil {
+			t.Fatalf("CheckName(%q): %v", name, err)
+		}
+		m := MarkerName(name)
+		if len(m) > 63 {
+			t.Fatalf("marker of %q is %d characters", name, len(m))
+		}
+		if other, ok := markers[m]; ok {
+			t.Fatalf("%q and %q share the marker %q", name, other, m)
+		}
+		markers[m] = name
+		if CheckName(m) == nil {
+			t.Fatalf("the marker %q of %q is itself an accepted slot name", m, name)
+		}
+	}
+	for _, name := range refused {
+		err := CheckName(name)
+		if err == nil {
+			t.Fatalf("CheckName(%q) accepted a name whose marker could collide", name)
+		}
+		if !strings.Contains(err.Error(), name) {
+			t.Fatalf("CheckName(%q): %v does not name the slot", name, err)
+		}
+	}
+}
