@@ -95,6 +95,11 @@ func (m *Monitor) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		if m.opts.Active != nil && !m.opts.Active() {
+			// A standby (or a demoted relay) holds no backend for it.
+			if db != nil {
+				_ = db.Close(ctx)
+				db = nil
+			}
 			continue
 		}
 		if db == nil || db.IsClosed() {
