@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"net/url"
 	"regexp"
 	"strings"
@@ -281,11 +282,7 @@ func keywordValues(s string) ([]keywordValue, error) {
 	return out, nil
 }
 
-type parseError string
-
-func (e parseError) Error() string { return string(e) }
-
-const errKeywordValue = parseError("invalid key=value connection string")
+var errKeywordValue = errors.New("invalid key=value connection string")
 
 func unescapeKeywordValue(s string) string {
 	var b strings.Builder
