@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestRedact: every form in which pgx (or amqp091-go) accepts a password,
@@ -74,4 +76,35 @@ func TestRedact(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzRedact: no input panics Redact, and whatever password pgx reads from
+// a connection string (that the string holds only once, so that it is not
+// also a host or a database name) is not in its redacted form.
+func FuzzRedact(f *testing.F) {
+	for _, s := range []string{
+		"postgres://u:pw-1234@db/app?sslmode=require",
+		"postgres://u@db/app?password=pw-1234",
+		"postgresql://u:p%40ss-1234@h1,h2:5433/app",
+		"host=db user=u password='pw 1234' dbname=app",
+		"postgres://u:12#pw@h/db",
+		"postgres://h?password=p@ss-1234",
+		"amqp://guest:pw-1234@mq:5672/vh?heartbeat=10",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, dsn string) {
+		got := Redact(dsn)
+		cfg, err := pgconn.ParseConfig(dsn)
+		if err != nil {
+			return
+		}
+		pw := cfg.Password
+		if len(pw) < 4 || strings.Count(dsn, pw) > 1 || strings.Contains(redacted, pw) {
+			return
+		}
+		if strings.Contains(got, pw) {
+			t.Fatalf("Redact(%q) = %q shows the password %q", dsn, got, pw)
+		}
+	})
 }
