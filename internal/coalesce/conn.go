@@ -16,6 +16,7 @@
 package coalesce
 
 import (
+	"fmt"
 	"net"
 	"sync"
 )
@@ -23,6 +24,9 @@ import (
 // DefaultLimit bounds the bytes waiting to be written; a Write that would
 // go past it waits until the writer has taken the buffer.
 const DefaultLimit = 256 << 10
+
+// ErrAborted is what writes return after Abort. It wraps net.ErrClosed.
+var ErrAborted = fmt.Errorf("connection aborted: %w", net.ErrClosed)
 
 // Conn is a net.Conn whose writes are gathered and written by one
 // goroutine. Reads, deadlines and addresses are the wrapped connection's.
@@ -146,10 +150,13 @@ func (c *Conn) Flush() error {
 }
 
 // fail records a write error and closes the connection, so that its reader
-// fails too and the owner notices even if it never writes again.
+// fails too and the owner notices even if it never writes again. The first
+// error stays: after Abort, the writer's own failure is only its echo.
 func (c *Conn) fail(err error) {
 	c.mu.Lock()
-	c.err = err
+	if c.err == nil {
+		c.err = err
+	}
 	c.pending = nil
 	c.room.Broadcast()
 	c.mu.Unlock()
@@ -171,4 +178,27 @@ func (c *Conn) Close() error {
 	})
 	<-c.done
 	return err
+}
+
+// Abort closes the wrapped connection now and fails every pending and later
+// Write and Flush with ErrAborted, waking those that wait for room. Unlike
+// Close it waits for nothing, so it ends a connection whatever holds it:
+// a Write stuck behind a peer that stopped reading, held under the AMQP
+// client's locks, returns at once (its caller then releases them), the
+// writer's system call fails, and a reader sees the socket closed. It is
+// safe to call from any goroutine, more than once, and before or after
+// Close.
+func (c *Conn) Abort() {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = ErrAborted
+	}
+	c.pending = nil
+	c.room.Broadcast()
+	c.mu.Unlock()
+	// If Close got here first, the socket is already closed.
+	c.once.Do(func() {
+		close(c.stop)
+		_ = c.Conn.Close()
+	})
 }

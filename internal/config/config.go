@@ -404,15 +404,3 @@ func (b *ByteSize) EnvDecode(v string) error {
 	}
 	return fmt.Errorf("%q is not a size", v)
 }
-
-// Redact returns a URL or connection string fit for logs: the password, if
-// any, is replaced.
-func Redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
-		return u.Redacted()
-	}
-	if cfg, err := pgconn.ParseConfig(dsn); err == nil {
-		return fmt.Sprintf("host=%s port=%d user=%s dbname=%s", cfg.Host, cfg.Port, cfg.User, cfg.Database)
-	}
-	return "(unparseable connection string)"
-}

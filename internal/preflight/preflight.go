@@ -147,11 +147,12 @@ func secrets(cfg config.Config) []secret {
 			continue
 		}
 		out = append(out, secret{raw, config.Redact(raw)})
+		// Every password the string holds (userinfo, password= and
+		// sslpassword=, as written and decoded), in whatever form a
+		// library may quote it.
 		var pws []string
-		if u, err := url.Parse(raw); err == nil && u.User != nil {
-			if pw, ok := u.User.Password(); ok {
-				pws = append(pws, pw, url.QueryEscape(pw), url.PathEscape(pw))
-			}
+		for _, pw := range config.Secrets(raw) {
+			pws = append(pws, pw, url.QueryEscape(pw), url.PathEscape(pw))
 		}
 		if pc, err := pgconn.ParseConfig(raw); err == nil && pc.Password != "" {
 			pws = append(pws, pc.Password)

@@ -23,6 +23,9 @@ var ErrNoExchange = errors.New("exchange does not exist")
 type Link struct {
 	Conn  *amqp.Connection
 	lanes []*lane
+	// raw is the socket under Conn, which the relay owns: Abort closes it
+	// whatever amqp091-go is doing.
+	raw *coalesce.Conn
 
 	connClosed chan *amqp.Error
 	blocked    chan amqp.Blocking
@@ -85,6 +88,7 @@ func Dial(ctx context.Context, o DialOptions) (*Link, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(o.Name)
 	dialer := &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 30 * time.Second}
+	var raw *coalesce.Conn
 	conn, err := amqp.DialConfig(o.URL, amqp.Config{
 		Heartbeat:       o.Heartbeat,
 		Properties:      props,
@@ -105,15 +109,20 @@ func Dial(ctx context.Context, o DialOptions) (*Link, error) {
 			// amqp091-go flushes after every message; gathering those
 			// flushes saves a write(2) per event on a busy connection
 			// (docs/performance.md). TLS, when used, sits on top.
-			return coalesce.New(conn, coalesce.DefaultLimit), nil
+			raw = coalesce.New(conn, coalesce.DefaultLimit)
+			return raw, nil
 		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to broker: %w", err)
 	}
-	l := &Link{Conn: conn}
+	l := &Link{Conn: conn, raw: raw}
+	// The setup's calls wait for the broker's answers without a deadline:
+	// a stop must not wait for a broker that went silent.
+	stop := context.AfterFunc(ctx, l.Abort)
+	defer stop()
 	if err := l.setup(o); err != nil {
-		_ = conn.CloseDeadline(time.Now().Add(time.Second))
+		_ = l.Close()
 		return nil, err
 	}
 	return l, nil
@@ -166,8 +175,43 @@ func (l *Link) checkExchange(name string) error {
 	return nil
 }
 
-// Close closes the connection, waiting at most a second: after a failure
-// the broker may not answer at all.
+// closeTimeout bounds amqp091-go's close handshake; closeGrace is how long
+// Close then waits for it to return before it closes the socket itself.
+const (
+	closeTimeout = time.Second
+	closeGrace   = time.Second
+)
+
+// Close closes the connection: the AMQP close handshake, bounded by
+// closeTimeout (after a failure the broker may not answer at all), then the
+// socket, so that Close ends the connection within about two seconds
+// whatever the broker does (invariant 5, docs/reliability.md). The handshake
+// alone cannot promise that: a publish blocked in a socket write (a broker
+// that stopped reading, e.g. under a memory alarm) holds amqp091-go's
+// channel and send locks, its shutdown waits for them before it closes the
+// socket, and a connection already shutting down makes the handshake
+// return at once without closing anything.
 func (l *Link) Close() error {
-	return l.Conn.CloseDeadline(time.Now().Add(time.Second))
+	done := make(chan error, 1)
+	go func() { done <- l.Conn.CloseDeadline(time.Now().Add(closeTimeout)) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(closeTimeout + closeGrace):
+		err = fmt.Errorf("close broker connection: no answer within %s, socket closed", closeTimeout+closeGrace)
+	}
+	l.Abort()
+	return err
+}
+
+// Abort closes the connection's socket now, without the AMQP close
+// handshake. Every write blocked under amqp091-go's locks fails and
+// releases them, its reader sees the socket closed and shuts the
+// connection down (the close notifications fire, unconfirmed messages stay
+// unconfirmed and are published again by the next session). Safe to call
+// from any goroutine, more than once, and on a Link built without a socket.
+func (l *Link) Abort() {
+	if l.raw != nil {
+		l.raw.Abort()
+	}
 }

@@ -103,6 +103,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	defer p.Metrics.inFlight.Set(0)
 
 	g, gctx := errgroup.WithContext(ctx)
+	defer p.Link.abortIfStuck(gctx)()
 	inputs := p.spread(gctx, g, len(lanes))
 	// Each confirm loop that ends cleanly (its input closed and every
 	// message confirmed) reports here; a failing one cancels gctx instead.

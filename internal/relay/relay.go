@@ -387,6 +387,9 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	events := make(chan wal.Event, eventBuffer)
 	drained := make(chan struct{})
 	var n int
+	// A stop ends the adoption at once, even a publish blocked in a socket
+	// write (invariant 5, docs/reliability.md); it starts again next time.
+	defer context.AfterFunc(ctx, link.Abort)()
 	g, gctx := errgroup.WithContext(ctx)
 	backlogAcks := newAcks(gctx, seq, r.marker)
 	// Each confirm counts at once, so the counter shows the adoption's progress.
@@ -423,6 +426,10 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	defer cancel()
 	stopDrain := context.AfterFunc(ctx, func() { time.AfterFunc(r.cfg.ShutdownTimeout, cancel) })
 	defer stopDrain()
+	// When hard ends the session, a publish blocked in a socket write (a
+	// broker that stopped reading) would still hold it: close the socket
+	// (invariant 5, docs/reliability.md).
+	defer context.AfterFunc(hard, link.Abort)()
 
 	marks := slot.NewWatermark(start)
 	events := make(chan wal.Event, eventBuffer)
