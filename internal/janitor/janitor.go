@@ -84,6 +84,9 @@ type Janitor struct {
 	held    int           // entries taken by a flush and not yet settled
 	room    chan struct{} // closed when the queues shrink; nil: nobody waits
 	wake    chan struct{} // a full batch or a parked event is waiting, or a flush was asked for
+	// stopping is closed, and replaced by a fresh channel, each time a
+	// write fails because the database is shutting down (see Stopping).
+	stopping chan struct{}
 
 	// Only the Run goroutine uses the fields below.
 	db        *pgx.Conn
@@ -110,7 +113,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
 		opts.BackoffMax = 5 * time.Second
 	}
 	opts.BackoffMax = max(opts.BackoffMax, opts.BackoffMin)
-	return &Janitor{opts: opts, log: log, metrics: newMetrics(reg), wake: make(chan struct{}, 1)}
+	return &Janitor{opts: opts, log: log, metrics: newMetrics(reg), wake: make(chan struct{}, 1), stopping: make(chan struct{})}
 }
 
 // Mark queues the row of an acknowledged event to be marked published_at;
@@ -224,6 +227,14 @@ func (j *Janitor) turn(ctx context.Context) {
 	}
 	j.lastWork = now
 	err := j.write(ctx)
+	down := ShuttingDown(err)
+	if Terminated(err) && ctx.Err() == nil {
+		// A shutdown, or someone ended this backend alone: a new
+		// connection tells which at once (57P03 while shutting down).
+		j.log.Info("janitor's connection was terminated; connecting again at once", "error", err)
+		err = j.write(ctx)
+		down = ShuttingDown(err) || Terminated(err)
+	}
 	if err == nil {
 		if j.backoff > 0 {
 			j.log.Info("janitor writes again")
@@ -233,6 +244,9 @@ func (j *Janitor) turn(ctx context.Context) {
 	}
 	if ctx.Err() != nil {
 		return
+	}
+	if down {
+		j.stopped()
 	}
 	j.backoff = nextBackoff(j.backoff, j.opts.BackoffMin, j.opts.BackoffMax)
 	wait := jitter(j.backoff)
