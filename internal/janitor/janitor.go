@@ -226,15 +226,7 @@ func (j *Janitor) turn(ctx context.Context) {
 		return
 	}
 	j.lastWork = now
-	err := j.write(ctx)
-	down := ShuttingDown(err)
-	if Terminated(err) && ctx.Err() == nil {
-		// A shutdown, or someone ended this backend alone: a new
-		// connection tells which at once (57P03 while shutting down).
-		j.log.Info("janitor's connection was terminated; connecting again at once", "error", err)
-		err = j.write(ctx)
-		down = ShuttingDown(err) || Terminated(err)
-	}
+	down, err := j.writeOrLearn(ctx)
 	if err == nil {
 		if j.backoff > 0 {
 			j.log.Info("janitor writes again")
@@ -253,6 +245,25 @@ func (j *Janitor) turn(ctx context.Context) {
 	j.retryAt = time.Now().Add(wait)
 	j.metrics.errors.Inc()
 	j.log.Warn("janitor could not write; will retry", "error", err, "retry_in", wait.Round(time.Millisecond), "queued", j.Pending())
+}
+
+// writeOrLearn writes, and reports whether the failure, if any, says that
+// the database is shutting down. An open connection that was lost (57P01
+// admin_shutdown, a reset, an EOF) does not tell by itself: a fast
+// shutdown terminates it, but so do a pg_terminate_backend of this backend
+// alone, a proxy or the network. A new connection tells at once: 57P03
+// while the server shuts down, a second 57P01 right away too.
+func (j *Janitor) writeOrLearn(ctx context.Context) (down bool, err error) {
+	if err = j.connect(ctx); err != nil {
+		return ShuttingDown(err), err
+	}
+	err = j.write(ctx)
+	if err == nil || ShuttingDown(err) || j.db != nil || ctx.Err() != nil {
+		return ShuttingDown(err), err
+	}
+	j.log.Info("janitor's connection was lost; connecting again at once", "error", err)
+	err = j.write(ctx)
+	return ShuttingDown(err) || Terminated(err), err
 }
 
 // nextBackoff doubles the wait after each failure in a row, from lo up to hi.

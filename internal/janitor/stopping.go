@@ -42,19 +42,20 @@ func (j *Janitor) stopped() {
 // shutdown sends it, but so does a pg_terminate_backend of the janitor's
 // connection alone. A refused connection, a reset or an EOF is not taken
 // for a shutdown either: it may be a network fault, a proxy or a timeout
-// on the janitor's path alone. A server that shuts down answers new
-// connections with 57P03 until its walsenders are gone, so the janitor's
-// next attempt reports it; a server that answers nothing has no walsender
-// left to wait for. Permission errors (42501) and the like are not
-// shutdowns: delivery goes on and the slot waits until marking works.
+// on the janitor's path alone. When an open connection is lost the
+// janitor connects again at once (writeOrLearn): a server that shuts down
+// answers new connections with 57P03 until its walsenders are gone; a
+// server that answers nothing has no walsender left to wait for.
+// Permission errors (42501) and the like are not shutdowns: delivery goes
+// on and the slot waits until marking works again.
 func ShuttingDown(err error) bool {
 	return hasCode(err, "57P02", "57P03")
 }
 
 // Terminated reports whether err is 57P01 admin_shutdown: the janitor's
 // backend was ended, by a fast or smart shutdown, a failover, or a
-// pg_terminate_backend. The janitor then connects again at once, and
-// counts a second 57P01 in a row as a shutdown too.
+// pg_terminate_backend. Right after a lost connection, a new backend
+// ended at once counts as a shutdown too.
 func Terminated(err error) bool {
 	return hasCode(err, "57P01")
 }

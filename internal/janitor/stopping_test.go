@@ -83,7 +83,8 @@ func stoppingFatal(b *pgproto3.Backend, code string) {
 }
 
 // stoppingSession accepts the session, then ends it with a FATAL code at
-// the first statement (a backend terminated while the janitor was idle).
+// the first statement (a backend terminated while the janitor was idle),
+// or with no word if code is empty.
 func stoppingSession(b *pgproto3.Backend, code string) {
 	b.Send(&pgproto3.AuthenticationOk{})
 	b.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 2}})
@@ -91,8 +92,8 @@ func stoppingSession(b *pgproto3.Backend, code string) {
 	if b.Flush() != nil {
 		return
 	}
-	if _, err := b.Receive(); err != nil {
-		return
+	if _, err := b.Receive(); err != nil || code == "" {
+		return // "": the connection just closes
 	}
 	stoppingFatal(b, code)
 }
@@ -117,6 +118,13 @@ func TestStoppingSignalsShutdown(t *testing.T) {
 			stoppingFatal(b, "57P03")
 		}, true},
 		{"57P01 twice in a row", func(_ int, b *pgproto3.Backend) { stoppingSession(b, "57P01") }, true},
+		{"EOF on an open connection, then 57P03 at once", func(n int, b *pgproto3.Backend) {
+			if n == 0 {
+				stoppingSession(b, "")
+				return
+			}
+			stoppingFatal(b, "57P03")
+		}, true},
 		{"57P01, then EOF (not a shutdown)", func(n int, b *pgproto3.Backend) {
 			if n == 0 {
 				stoppingSession(b, "57P01")
@@ -134,9 +142,15 @@ func TestStoppingSignalsShutdown(t *testing.T) {
 }
 
 func stoppingRun(t *testing.T, url string, want bool) {
+	// A shutdown must be seen before any backoff: a lost connection is
+	// tried again at once. Other failures must be retried a few times.
+	backoff, wait := 100*time.Millisecond, time.Second
+	if want {
+		backoff, wait = 10*time.Second, 5*time.Second
+	}
 	j := New(Options{
 		DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id", MarkBatch: 10,
-		MarkInterval: 10 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+		MarkInterval: 10 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: backoff,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	stopping := j.Stopping()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -145,10 +159,6 @@ func stoppingRun(t *testing.T, url string, want bool) {
 	defer func() { cancel(); <-done }()
 	var marked atomic.Bool
 	mustMark(t, j, "a", func() { marked.Store(true) })
-	wait := time.Second // at least 5 attempts on the backoff schedule
-	if want {
-		wait = 10 * time.Second // a liveness bound only
-	}
 	select {
 	case <-stopping:
 		if !want {
