@@ -196,3 +196,31 @@ func TestIntegrationPgstopTerminatedBackendsKeepSession(t *testing.T) {
 	}
 	t.Logf("%d backends terminated; the next %d rows marked %s after delivery, no restart", ended, len(rows), markedIn.Round(time.Millisecond))
 }
+
+// TestIntegrationPgstopFastStopNothingToMark: with every delivered row
+// marked, the relay confirms all it was sent and the walsender exits by
+// itself at a fast stop; the session is not ended by the janitor.
+func TestIntegrationPgstopFastStopNothingToMark(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
+	r.waitStreaming(t)
+	rows, last := insertTxns(t, e.db, "k", 20)
+	waitAll(t, e.consumer, rows, 30*time.Second)
+	waitMarked(t, e, rows, 10*time.Second)
+	testenv.WaitConfirmed(t, e.db, marksSlot, last, 30*time.Second)
+	stopped := make(chan error, 1)
+	began := time.Now()
+	go func() { stopped <- e.pg.Stop(context.Background(), "fast") }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(pgstopBound):
+		t.Fatalf("pg_ctl stop -m fast still waiting after %s with nothing to mark", pgstopBound)
+	}
+	t.Logf("fast stop took %s with nothing to mark", time.Since(began).Round(time.Millisecond))
+	if strings.Contains(r.logs.String(), "database is shutting down; ending") {
+		t.Fatal("the janitor ended the session though it had nothing to mark")
+	}
+}
