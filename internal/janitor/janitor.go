@@ -84,6 +84,9 @@ type Janitor struct {
 	held    int           // entries taken by a flush and not yet settled
 	room    chan struct{} // closed when the queues shrink; nil: nobody waits
 	wake    chan struct{} // a full batch or a parked event is waiting, or a flush was asked for
+	// stopping is closed, and replaced by a fresh channel, each time a
+	// write fails because the database is shutting down (see Stopping).
+	stopping chan struct{}
 
 	// Only the Run goroutine uses the fields below.
 	db        *pgx.Conn
@@ -110,7 +113,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
 		opts.BackoffMax = 5 * time.Second
 	}
 	opts.BackoffMax = max(opts.BackoffMax, opts.BackoffMin)
-	return &Janitor{opts: opts, log: log, metrics: newMetrics(reg), wake: make(chan struct{}, 1)}
+	return &Janitor{opts: opts, log: log, metrics: newMetrics(reg), wake: make(chan struct{}, 1), stopping: make(chan struct{})}
 }
 
 // Mark queues the row of an acknowledged event to be marked published_at;
@@ -223,7 +226,7 @@ func (j *Janitor) turn(ctx context.Context) {
 		return
 	}
 	j.lastWork = now
-	err := j.write(ctx)
+	down, err := j.writeOrLearn(ctx)
 	if err == nil {
 		if j.backoff > 0 {
 			j.log.Info("janitor writes again")
@@ -234,11 +237,33 @@ func (j *Janitor) turn(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
+	if down {
+		j.stopped()
+	}
 	j.backoff = nextBackoff(j.backoff, j.opts.BackoffMin, j.opts.BackoffMax)
 	wait := jitter(j.backoff)
 	j.retryAt = time.Now().Add(wait)
 	j.metrics.errors.Inc()
 	j.log.Warn("janitor could not write; will retry", "error", err, "retry_in", wait.Round(time.Millisecond), "queued", j.Pending())
+}
+
+// writeOrLearn writes, and reports whether the failure, if any, says that
+// the database is shutting down. An open connection that was lost (57P01
+// admin_shutdown, a reset, an EOF) does not tell by itself: a fast
+// shutdown terminates it, but so do a pg_terminate_backend of this backend
+// alone, a proxy or the network. A new connection tells at once: 57P03
+// while the server shuts down, a second 57P01 right away too.
+func (j *Janitor) writeOrLearn(ctx context.Context) (down bool, err error) {
+	if err = j.connect(ctx); err != nil {
+		return ShuttingDown(err), err
+	}
+	err = j.write(ctx)
+	if err == nil || ShuttingDown(err) || j.db != nil || ctx.Err() != nil {
+		return ShuttingDown(err), err
+	}
+	j.log.Info("janitor's connection was lost; connecting again at once", "error", err)
+	err = j.write(ctx)
+	return ShuttingDown(err) || Terminated(err), err
 }
 
 // nextBackoff doubles the wait after each failure in a row, from lo up to hi.

@@ -214,8 +214,8 @@ func TestIntegrationMarksPostgresStopped(t *testing.T) {
 	marksExec(t, e, `REVOKE UPDATE (published_at, attempts, last_error) ON event_outbox FROM cdcrelay_app`)
 	rows, _ := insertTxns(t, e.db, "k", 20, 20)
 	waitAll(t, e.consumer, rows, 30*time.Second)
-	// A crash: a fast shutdown would wait for the relay to confirm all the
-	// WAL sent to it, which it withholds while rows are unmarked.
+	// A crash: the server is down, not shutting down, for the whole 10 s
+	// (a fast stop ends the session at once: pgstop_test.go).
 	if err := e.pg.Stop(ctx, "immediate"); err != nil {
 		t.Fatal(err)
 	}

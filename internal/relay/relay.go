@@ -452,8 +452,10 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	r.alive.Store(time.Now().UnixNano())
 	r.setRole(RoleStreaming)
 
-	g.Go(func() error { return reader.Run(gctx) })
+	stopping, readerDone := markerStopping(r.marker), make(chan struct{})
+	g.Go(func() error { defer close(readerDone); return reader.Run(gctx) })
 	g.Go(func() error { return publisher.Run(gctx) })
+	g.Go(func() error { return watchStopping(gctx, stopping, readerDone) })
 	err := g.Wait()
 	if ctx.Err() != nil {
 		r.log.Info("stopped", "confirmed", reader.Sent(), "unconfirmed_events", marks.Pending())
