@@ -197,8 +197,14 @@ func TestIntegrationOutboxRenamedOrMovedMidStream(t *testing.T) {
 			// confirmed past them: delivery is what this waits for.
 			identityWaitDelivered(t, e, after, committed, 30*time.Second)
 			delivered := time.Since(began)
-			testenv.WaitConfirmed(t, e.db, slotName, committed, 30*time.Second)
 			report(t, append(before, after...), e.consumer.Deliveries())
+			// Their rows cannot be marked under the configured name, so the
+			// slot must stay before them (invariant 10): the next session,
+			// under the new name, publishes and marks them again.
+			time.Sleep(time.Second)
+			if got := testenv.ConfirmedFlush(t, e.db, slotName); got >= committed {
+				t.Fatalf("slot confirmed %s, past the renamed table's rows (committed %s) that were never marked", got, committed)
+			}
 			if !r.relay.Streaming() {
 				t.Fatal("the relay stopped streaming after the rename")
 			}
@@ -221,7 +227,15 @@ func TestIntegrationOutboxRenamedOrMovedMidStream(t *testing.T) {
 			follow.waitStreaming(t)
 			later, laterCommitted := identityInsert(t, e.db, tc.newQuoted, "id", "routing_key", "", 3)
 			identityWaitDelivered(t, e, later, laterCommitted, 30*time.Second)
-			t.Logf("%s mid-stream: 5 later rows delivered in %s and the slot confirmed past them; next start refused: %q; with CDCRELAY_TABLE=%s: 3 more delivered",
+			testenv.WaitConfirmed(t, e.db, slotName, laterCommitted, 30*time.Second)
+			var unmarked int
+			if err := e.db.QueryRow(ctx, `SELECT count(*) FROM `+tc.newQuoted+` WHERE published_at IS NULL`).Scan(&unmarked); err != nil {
+				t.Fatal(err)
+			}
+			if unmarked != 0 {
+				t.Fatalf("%d rows unmarked after the relay followed the new name", unmarked)
+			}
+			t.Logf("%s mid-stream: 5 later rows delivered in %s, the slot kept before them while they could not be marked; next start refused: %q; with CDCRELAY_TABLE=%s: all marked, 3 more delivered, slot past them",
 				tc.name, delivered.Round(time.Millisecond), msg, tc.newTable)
 		})
 	}
