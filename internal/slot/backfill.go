@@ -86,19 +86,28 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 // nextFetch sizes the next FETCH from the last one, which asked for asked
 // rows and returned got rows of bytes bytes in all: as many rows of their
 // average size as fit in backfillFetchBytes, at most four times asked and
-// backfillBatch, at least one.
+// backfillBatch, at least one. Below backfillBatch the count is rounded
+// down to a power of two: each count is a statement the connection
+// prepares and caches, so the counts in use stay few.
 func nextFetch(asked, got int, bytes int64) int {
-	limit := min(4*asked, backfillBatch)
-	if got <= 0 {
-		return max(limit, 1)
+	want := min(4*asked, backfillBatch)
+	if got > 0 {
+		avg := max(bytes/int64(got), 1)
+		want = int(min(backfillFetchBytes/avg, int64(want)))
 	}
-	avg := max(bytes/int64(got), 1)
-	return max(int(min(backfillFetchBytes/avg, int64(limit))), 1)
+	if want >= backfillBatch {
+		return backfillBatch
+	}
+	n := 1
+	for n*2 <= want {
+		n *= 2
+	}
+	return n
 }
 
 // fetchBackfill runs one FETCH of count rows and hands each row to send as
 // soon as it is read: a batch is never held whole. It returns the rows read
-// and their bytes as the database counts them.
+// and their bytes.
 func fetchBackfill(ctx context.Context, tx pgx.Tx, count int, m wal.Mapping, send func(wal.Event) error) (int, int64, error) {
 	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH %d FROM cdcrelay_backfill", count))
 	if err != nil {
@@ -122,8 +131,8 @@ func fetchBackfill(ctx context.Context, tx pgx.Tx, count int, m wal.Mapping, sen
 	return got, bytes, nil
 }
 
-// scanEvent turns one backlog row into an event and returns the row's size
-// in bytes.
+// scanEvent turns one backlog row into an event and returns the bytes it
+// read: the row's size, or only its id's when it is oversize.
 func scanEvent(rows pgx.Rows, m wal.Mapping) (wal.Event, int64, error) {
 	ev := wal.Event{Backfill: true}
 	var id, key, headers, exchange, typ *string
@@ -144,7 +153,7 @@ func scanEvent(rows pgx.Rows, m wal.Mapping) (wal.Event, int64, error) {
 	// the stream, it is poison named by its size.
 	if reason := oversize(payloadBytes, rowBytes, m.MaxMessageBytes); reason != "" {
 		ev.Problem = reason
-		return ev, rowBytes, nil
+		return ev, int64(len(ev.ID)), nil
 	}
 	// As in the stream, a NULL routing key or payload makes the row
 	// poison rather than breaking the backfill.
