@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
@@ -14,15 +14,16 @@ import (
 // A FETCH asks for at most backfillBatch rows and aims at about
 // backfillFetchBytes: it starts at backfillFirstFetch rows and grows (at
 // most fourfold per FETCH) while the rows are small, shrinking at once when
-// they are large. Memory does not depend on it (rows are handed on one at a
-// time as they arrive, see fetchBackfill), but a FETCH that fits in the
-// socket's buffers is finished by the server without waiting for the
-// publisher, so no statement stays open behind a slow broker, and small
-// rows still come 500 to a round trip.
+// they are large. Memory does not depend on it: rows are handed on one at
+// a time as they arrive (see fetchBackfill). A FETCH of a few MiB keeps
+// the server rendering the next rows while the relay hands on the current
+// one (a FETCH per large row left each side idle half the time), ends
+// soon enough that the statement is not held open for long behind a slow
+// broker, and small rows still come 500 to a round trip.
 const (
 	backfillBatch      = 500
 	backfillFirstFetch = 16
-	backfillFetchBytes = 1 << 20
+	backfillFetchBytes = 4 << 20
 )
 
 // Sequencer assigns the events' sequence numbers (slot.Watermark does).
@@ -132,73 +133,57 @@ func fetchBackfill(ctx context.Context, tx pgx.Tx, count int, m wal.Mapping, sen
 }
 
 // scanEvent turns one backlog row into an event and returns the bytes it
-// read: the row's size, or only its id's when it is oversize.
+// read. The pgtype destinations scan without reflection: this runs once
+// per row of a backlog that can hold millions.
 func scanEvent(rows pgx.Rows, m wal.Mapping) (wal.Event, int64, error) {
 	ev := wal.Event{Backfill: true}
-	var id, key, headers, exchange, typ *string
-	var payloadBytes *int64
-	var rowBytes int64
-	var enqueued *time.Time
+	var id, key, headers, exchange, typ pgtype.Text
+	var payloadBytes, rowBytes pgtype.Int8
+	var enqueued pgtype.Timestamptz
 	if err := rows.Scan(&id, &payloadBytes, &rowBytes, &key, &ev.Payload, &headers, &exchange, &typ, &enqueued); err != nil {
 		return ev, 0, fmt.Errorf("read backlog row: %w", err)
 	}
-	if id == nil {
-		return ev, rowBytes, fmt.Errorf("%w: a backlog row has a NULL id", wal.ErrSchema)
+	if !id.Valid {
+		return ev, 0, fmt.Errorf("%w: a backlog row has a NULL id", wal.ErrSchema)
 	}
-	ev.ID = *id
-	if enqueued != nil {
-		ev.CommitTime = *enqueued
+	ev.ID = id.String
+	if enqueued.Valid {
+		ev.CommitTime = enqueued.Time
 	}
-	// An oversize row came without its values (see backfillQuery): as in
-	// the stream, it is poison named by its size.
-	if reason := oversize(payloadBytes, rowBytes, m.MaxMessageBytes); reason != "" {
-		ev.Problem = reason
+	// An oversize row came with its sizes instead of its values (see
+	// backfillQuery): as in the stream, it is poison named by its size.
+	if rowBytes.Valid {
+		ev.Problem = oversize(payloadBytes.Int64, rowBytes.Int64, m.MaxMessageBytes)
 		return ev, int64(len(ev.ID)), nil
 	}
 	// As in the stream, a NULL routing key or payload makes the row
 	// poison rather than breaking the backfill.
 	switch {
-	case key == nil:
+	case !key.Valid:
 		ev.Problem = fmt.Sprintf("column %q is NULL", m.RoutingKey)
 	case ev.Payload == nil:
 		ev.Problem = fmt.Sprintf("column %q is NULL", m.Payload)
 	default:
-		ev.RoutingKey = *key
+		ev.RoutingKey = key.String
 	}
-	if headers != nil {
-		ev.Headers = []byte(*headers)
+	if headers.Valid {
+		ev.Headers = []byte(headers.String)
 	}
-	if exchange != nil {
-		ev.Exchange = *exchange
-	}
-	if typ != nil {
-		ev.Type = *typ
-	}
-	return ev, rowBytes, nil
+	ev.Exchange, ev.Type = exchange.String, typ.String
+	return ev, int64(ev.Size()), nil
 }
 
-// oversize says why a row of these sizes is too large to publish, or ""
-// when it is not; the wording is the stream decoder's.
-func oversize(payloadBytes *int64, rowBytes, limit int64) string {
-	if limit <= 0 {
-		return ""
+// oversize says why a row of these sizes is too large to publish, in the
+// stream decoder's words.
+func oversize(payloadBytes, rowBytes, limit int64) string {
+	if payloadBytes > limit {
+		return fmt.Sprintf("payload is %d bytes, above CDCRELAY_MAX_MESSAGE_BYTES (%d)", payloadBytes, limit)
 	}
-	if payloadBytes != nil && *payloadBytes > limit {
-		return fmt.Sprintf("payload is %d bytes, above CDCRELAY_MAX_MESSAGE_BYTES (%d)", *payloadBytes, limit)
-	}
-	if rowBytes > limit {
-		return fmt.Sprintf("row is %d bytes, above CDCRELAY_MAX_MESSAGE_BYTES (%d)", rowBytes, limit)
-	}
-	return ""
+	return fmt.Sprintf("row is %d bytes, above CDCRELAY_MAX_MESSAGE_BYTES (%d)", rowBytes, limit)
 }
 
-// backfillQuery selects the mapped columns, NULL for optional columns the
-// table lacks, oldest first when the table has enqueued_at. Each row comes
-// with its payload's length and its mapped columns' total length in bytes;
-// a row above m.MaxMessageBytes comes with its id and lengths only, so an
-// oversize row is never sent whole. The payload is rendered as text once
-// per row (the OFFSET 0 keeps the planner from inlining, which would
-// render it again for every use).
+// backfillQuery selects the mapped columns (see backfillSQL) of the
+// table, after checking it has the required ones.
 func backfillQuery(ctx context.Context, db *pgx.Conn, m wal.Mapping) (string, error) {
 	table := pgx.Identifier{m.Schema, m.Table}.Sanitize()
 	rows, err := db.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, table)
@@ -218,30 +203,49 @@ func backfillQuery(ctx context.Context, db *pgx.Conn, m wal.Mapping) (string, er
 			return "", fmt.Errorf("%w: table %s has no column %q", wal.ErrSchema, table, req)
 		}
 	}
-	text := func(col string) string {
-		if col == "" || !has[col] {
-			return "NULL::text"
-		}
-		return pgx.Identifier{col}.Sanitize() + "::text"
-	}
-	enqueued, order := "NULL::timestamptz", pgx.Identifier{m.ID}.Sanitize()
+	return backfillSQL(table, m, has), nil
+}
+
+// backfillSQL selects the unpublished rows of table (whose columns are
+// has), oldest first when it has enqueued_at, then by id as text: id,
+// payload length, total length, routing key, payload, headers, exchange,
+// type, enqueued_at; NULL for optional columns the table lacks.
+//
+// A row whose mapped columns add up to more than m.MaxMessageBytes comes
+// with its id and lengths only, so an oversize row is never sent whole;
+// any other row comes without lengths. o is the backlog in order, sorted
+// before anything is rendered, so the sort holds stored values, not their
+// rendering; r renders each column as text once (i(d), k(ey), p(ayload),
+// h(eaders), e(xchange), t(ype)); v adds n, their total length. Each
+// OFFSET 0 keeps the planner from inlining a level, which would render a
+// jsonb payload again for every use of its length.
+func backfillSQL(table string, m wal.Mapping, has map[string]bool) string {
+	inner, outer, enqueued := "cdcrelay_id", "o.cdcrelay_id", "NULL::timestamptz"
 	if has["enqueued_at"] {
-		enqueued, order = "enqueued_at", "enqueued_at, "+order
+		inner, outer, enqueued = "enqueued_at, "+inner, "o.enqueued_at, "+outer, "o.enqueued_at"
 	}
-	rest := "coalesce(octet_length(cdcrelay_payload), 0)"
-	for _, col := range []string{m.ID, m.RoutingKey, m.Headers, m.Exchange, m.MessageType} {
-		rest += fmt.Sprintf(" + coalesce(octet_length(%s), 0)", text(col))
+	names := []string{"i", "k", "p", "h", "e", "t"}
+	rendered, sizes := []string{"o.cdcrelay_id AS i"}, []string{"coalesce(octet_length(r.i), 0)"}
+	for i, col := range []string{m.RoutingKey, m.Payload, m.Headers, m.Exchange, m.MessageType} {
+		expr := "NULL::text"
+		if col != "" && has[col] {
+			expr = "o." + pgx.Identifier{col}.Sanitize() + "::text"
+		}
+		rendered = append(rendered, expr+" AS "+names[i+1])
+		sizes = append(sizes, "coalesce(octet_length(r."+names[i+1]+"), 0)")
 	}
 	fits := "true"
 	if m.MaxMessageBytes > 0 {
-		fits = fmt.Sprintf("coalesce(cdcrelay_payload_bytes, 0) <= %d AND cdcrelay_row_bytes <= %d", m.MaxMessageBytes, m.MaxMessageBytes)
+		fits = fmt.Sprintf("v.n <= %d", m.MaxMessageBytes)
 	}
 	when := func(expr string) string { return "CASE WHEN " + fits + " THEN " + expr + " END" }
-	return fmt.Sprintf(`SELECT %s, cdcrelay_payload_bytes, cdcrelay_row_bytes, %s, %s, %s, %s, %s, %s FROM %s
-CROSS JOIN LATERAL (SELECT cdcrelay_payload, octet_length(cdcrelay_payload) AS cdcrelay_payload_bytes, %s AS cdcrelay_row_bytes
-	FROM (SELECT %s AS cdcrelay_payload OFFSET 0) cdcrelay_p OFFSET 0) cdcrelay_s
-WHERE published_at IS NULL ORDER BY %s`,
-		text(m.ID), when(text(m.RoutingKey)), when("convert_to(cdcrelay_payload, 'UTF8')"), when(text(m.Headers)),
-		when(text(m.Exchange)), when(text(m.MessageType)), enqueued, table,
-		rest, text(m.Payload), order), nil
+	unless := func(expr string) string { return "CASE WHEN " + fits + " THEN NULL ELSE " + expr + " END" }
+	return fmt.Sprintf(`SELECT v.i, %s, %s, %s, %s, %s, %s, %s, %s
+FROM (SELECT *, %s::text AS cdcrelay_id FROM %s WHERE published_at IS NULL ORDER BY %s OFFSET 0) o
+CROSS JOIN LATERAL (SELECT r.*, (%s)::bigint AS n FROM (SELECT %s OFFSET 0) r OFFSET 0) v
+ORDER BY %s`,
+		unless("octet_length(v.p)::bigint"), unless("v.n"),
+		when("v.k"), when("convert_to(v.p, 'UTF8')"), when("v.h"), when("v.e"), when("v.t"), enqueued,
+		pgx.Identifier{m.ID}.Sanitize(), table, inner,
+		strings.Join(sizes, " + "), strings.Join(rendered, ", "), outer)
 }

@@ -19,6 +19,9 @@ import (
 
 func TestNextFetch(t *testing.T) {
 	const kib, mib = 1 << 10, 1 << 20
+	if backfillFetchBytes != 4*mib || backfillBatch != 500 || backfillFirstFetch != 16 {
+		t.Fatal("the table below assumes FETCHes of 16 to 500 rows aiming at 4 MiB")
+	}
 	tests := []struct {
 		name       string
 		asked, got int
@@ -29,11 +32,11 @@ func TestNextFetch(t *testing.T) {
 		{"then to a power of two", 64, 64, 64 * 200, 256},
 		{"then to the cap", 256, 256, 256 * 200, backfillBatch},
 		{"never above the cap", backfillBatch, backfillBatch, backfillBatch * 200, backfillBatch},
-		{"1 MiB rows: one at a time", 16, 16, 16 * mib, 1},
+		{"1 MiB rows: four at a time", 16, 16, 16 * mib, 4},
 		{"rows above the target: still one", 1, 1, 64 * mib, 1},
-		{"large rows shrink at once", backfillBatch, backfillBatch, backfillBatch * 100 * kib, 8},
+		{"large rows shrink at once", backfillBatch, backfillBatch, backfillBatch * 100 * kib, 32},
 		{"growth from one row is fourfold", 1, 1, 100, 4},
-		{"rounded down to a power of two", 256, 256, 256 * 5 * kib, 128},
+		{"rounded down to a power of two", 256, 256, 256 * 20 * kib, 128},
 		{"no bytes counted", 16, 16, 0, 64},
 		{"nothing read", 16, 0, 0, 64},
 	}
@@ -189,8 +192,8 @@ func TestIntegrationBackfillByBytes(t *testing.T) {
 	// The first FETCH reads only small rows and the next grows fourfold;
 	// it reads only 120 KiB rows, so the next asks for as many of them as
 	// fit in backfillFetchBytes.
-	if len(fetches) < 3 || fetches[1] != 4*backfillFirstFetch || fetches[2] != 8 {
-		t.Fatalf("FETCH sizes %v: want %d, %d, then 8 rows of 120 KiB", fetches, backfillFirstFetch, 4*backfillFirstFetch)
+	if len(fetches) < 3 || fetches[1] != 4*backfillFirstFetch || fetches[2] != 32 {
+		t.Fatalf("FETCH sizes %v: want %d, %d, then 32 rows of 120 KiB", fetches, backfillFirstFetch, 4*backfillFirstFetch)
 	}
 }
 
