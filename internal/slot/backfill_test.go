@@ -178,6 +178,21 @@ func TestIntegrationBackfillByBytes(t *testing.T) {
 		}
 	}
 
+	// Without a limit (MaxMessageBytes 0) nothing is judged by size.
+	m.MaxMessageBytes = 0
+	out = make(chan wal.Event, 2000)
+	if _, err := Backfill(ctx, db, c, m, &backfillTestSeq{}, out); err != nil {
+		t.Fatal(err)
+	}
+	for ev := range out {
+		if strings.HasPrefix(ev.ID, "c-oversize") && (ev.Problem != "" || len(ev.Payload) != 3*limit) {
+			t.Fatalf("without a limit, event %s: problem %q, %d payload bytes", ev.ID, ev.Problem, len(ev.Payload))
+		}
+		if strings.HasPrefix(ev.ID, "d-heavy") && (ev.Problem != "" || string(ev.Headers) != heavy) {
+			t.Fatalf("without a limit, event %s: problem %q, %d header bytes", ev.ID, ev.Problem, len(ev.Headers))
+		}
+	}
+
 	fetches := backfillTestFetches(pg.ServerLog())
 	t.Logf("FETCH sizes: %v", fetches)
 	if len(fetches) == 0 || fetches[0] != backfillFirstFetch {
