@@ -4,16 +4,27 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
-// backfillBatch is how many rows one FETCH reads: memory stays bounded by
-// it plus the publisher's window, whatever the backlog.
-const backfillBatch = 500
+// A FETCH asks for at most backfillBatch rows and aims at about
+// backfillFetchBytes: it starts at backfillFirstFetch rows and grows (at
+// most fourfold per FETCH) while the rows are small, shrinking at once when
+// they are large. Memory does not depend on it: rows are handed on one at
+// a time as they arrive (see fetchBackfill). A FETCH of a few MiB keeps
+// the server rendering the next rows while the relay hands on the current
+// one (a FETCH per large row left each side idle half the time), ends
+// soon enough that the statement is not held open for long behind a slow
+// broker, and small rows still come 500 to a round trip.
+const (
+	backfillBatch      = 500
+	backfillFirstFetch = 16
+	backfillFetchBytes = 4 << 20
+)
 
 // Sequencer assigns the events' sequence numbers (slot.Watermark does).
 type Sequencer interface{ Event() uint64 }
@@ -26,6 +37,13 @@ type Sequencer interface{ Event() uint64 }
 // position in the backfill as index: every row was committed before that
 // point and every streamed transaction commits after it, so consumers see
 // one order. out is closed when Backfill returns.
+//
+// Memory is bounded by bytes, not rows (invariant 6, docs/reliability.md):
+// each row is sent to out as soon as it is read, before the next is read,
+// so Backfill holds one row whatever its neighbours' sizes, and out's
+// reader takes the byte budget. A row larger than m.MaxMessageBytes is
+// judged from its length in the database and read without its values: it
+// becomes a poison event with a Problem naming its size.
 func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq Sequencer, out chan<- wal.Event) (int, error) {
 	defer close(out)
 	query, err := backfillQuery(ctx, db, m)
@@ -43,79 +61,129 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 	if _, err := tx.Exec(ctx, "DECLARE cdcrelay_backfill NO SCROLL CURSOR FOR "+query); err != nil {
 		return 0, fmt.Errorf("declare backfill cursor: %w", err)
 	}
-	n := 0
-	for {
-		rows, err := tx.Query(ctx, fmt.Sprintf("FETCH %d FROM cdcrelay_backfill", backfillBatch))
-		if err != nil {
-			return n, fmt.Errorf("fetch backlog: %w", err)
+	n, count := 0, backfillFirstFetch
+	send := func(ev wal.Event) error {
+		ev.Seq, ev.CommitLSN, ev.Index = seq.Event(), c.ConsistentPoint, n
+		select {
+		case out <- ev:
+			n++
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		events, err := scanEvents(rows, m, n)
+	}
+	for {
+		got, bytes, err := fetchBackfill(ctx, tx, count, m, send)
 		if err != nil {
 			return n, err
 		}
-		for _, ev := range events {
-			ev.Seq, ev.CommitLSN = seq.Event(), c.ConsistentPoint
-			select {
-			case out <- ev:
-			case <-ctx.Done():
-				return n, ctx.Err()
-			}
-			n++
-		}
-		if len(events) < backfillBatch {
+		if got < count {
 			return n, nil
 		}
+		count = nextFetch(count, got, bytes)
 	}
 }
 
-// scanEvents turns one FETCH into events numbered from first.
-func scanEvents(rows pgx.Rows, m wal.Mapping, first int) ([]wal.Event, error) {
+// nextFetch sizes the next FETCH from the last one, which asked for asked
+// rows and returned got rows of bytes bytes in all: as many rows of their
+// average size as fit in backfillFetchBytes, at most four times asked and
+// backfillBatch, at least one. Below backfillBatch the count is rounded
+// down to a power of two: each count is a statement the connection
+// prepares and caches, so the counts in use stay few.
+func nextFetch(asked, got int, bytes int64) int {
+	want := min(4*asked, backfillBatch)
+	if got > 0 {
+		avg := max(bytes/int64(got), 1)
+		want = int(min(backfillFetchBytes/avg, int64(want)))
+	}
+	if want >= backfillBatch {
+		return backfillBatch
+	}
+	n := 1
+	for n*2 <= want {
+		n *= 2
+	}
+	return n
+}
+
+// fetchBackfill runs one FETCH of count rows and hands each row to send as
+// soon as it is read: a batch is never held whole. It returns the rows read
+// and their bytes.
+func fetchBackfill(ctx context.Context, tx pgx.Tx, count int, m wal.Mapping, send func(wal.Event) error) (int, int64, error) {
+	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH %d FROM cdcrelay_backfill", count))
+	if err != nil {
+		return 0, 0, fmt.Errorf("fetch backlog: %w", err)
+	}
 	defer rows.Close()
-	var out []wal.Event
+	got, bytes := 0, int64(0)
 	for rows.Next() {
-		ev := wal.Event{Backfill: true}
-		var id, key, headers, exchange, typ *string
-		var enqueued *time.Time
-		if err := rows.Scan(&id, &key, &ev.Payload, &headers, &exchange, &typ, &enqueued); err != nil {
-			return nil, fmt.Errorf("read backlog row: %w", err)
+		ev, size, err := scanEvent(rows, m)
+		if err != nil {
+			return got, bytes, err
 		}
-		if id == nil {
-			return nil, fmt.Errorf("%w: a backlog row has a NULL id", wal.ErrSchema)
+		got, bytes = got+1, bytes+size
+		if err := send(ev); err != nil {
+			return got, bytes, err
 		}
-		ev.ID = *id
-		// As in the stream, a NULL routing key or payload makes the row
-		// poison rather than breaking the backfill.
-		switch {
-		case key == nil:
-			ev.Problem = fmt.Sprintf("column %q is NULL", m.RoutingKey)
-		case ev.Payload == nil:
-			ev.Problem = fmt.Sprintf("column %q is NULL", m.Payload)
-		default:
-			ev.RoutingKey = *key
-		}
-		if headers != nil {
-			ev.Headers = []byte(*headers)
-		}
-		if exchange != nil {
-			ev.Exchange = *exchange
-		}
-		if typ != nil {
-			ev.Type = *typ
-		}
-		if enqueued != nil {
-			ev.CommitTime = *enqueued
-		}
-		ev.Index = first + len(out)
-		out = append(out, ev)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read backlog: %w", err)
+		return got, bytes, fmt.Errorf("read backlog: %w", err)
 	}
-	return out, nil
+	return got, bytes, nil
 }
 
-// backfillQuery selects the mapped columns, NULL for optional columns the
-// table lacks, oldest first when the table has enqueued_at.
+// scanEvent turns one backlog row into an event and returns the bytes it
+// read. The pgtype destinations scan without reflection: this runs once
+// per row of a backlog that can hold millions.
+func scanEvent(rows pgx.Rows, m wal.Mapping) (wal.Event, int64, error) {
+	ev := wal.Event{Backfill: true}
+	var id, key, headers, exchange, typ pgtype.Text
+	var payloadBytes, rowBytes pgtype.Int8
+	var enqueued pgtype.Timestamptz
+	if err := rows.Scan(&id, &payloadBytes, &rowBytes, &key, &ev.Payload, &headers, &exchange, &typ, &enqueued); err != nil {
+		return ev, 0, fmt.Errorf("read backlog row: %w", err)
+	}
+	if !id.Valid {
+		return ev, 0, fmt.Errorf("%w: a backlog row has a NULL id", wal.ErrSchema)
+	}
+	ev.ID = id.String
+	if enqueued.Valid {
+		ev.CommitTime = enqueued.Time
+	}
+	// An oversize row came with its sizes instead of its values (see
+	// backfillQuery): as in the stream, it is poison named by its size.
+	if rowBytes.Valid {
+		ev.Problem = oversize(payloadBytes.Int64, rowBytes.Int64, m.MaxMessageBytes)
+		return ev, int64(len(ev.ID)), nil
+	}
+	// As in the stream, a NULL routing key or payload makes the row
+	// poison rather than breaking the backfill.
+	switch {
+	case !key.Valid:
+		ev.Problem = fmt.Sprintf("column %q is NULL", m.RoutingKey)
+	case ev.Payload == nil:
+		ev.Problem = fmt.Sprintf("column %q is NULL", m.Payload)
+	default:
+		ev.RoutingKey = key.String
+	}
+	if headers.Valid {
+		ev.Headers = []byte(headers.String)
+	}
+	ev.Exchange, ev.Type = exchange.String, typ.String
+	return ev, int64(ev.Size()), nil
+}
+
+// oversize says why a row of these sizes is too large to publish, in the
+// stream decoder's words.
+func oversize(payloadBytes, rowBytes, limit int64) string {
+	if payloadBytes > limit {
+		return fmt.Sprintf("payload is %d bytes, above CDCRELAY_MAX_MESSAGE_BYTES (%d)", payloadBytes, limit)
+	}
+	return fmt.Sprintf("row is %d bytes, above CDCRELAY_MAX_MESSAGE_BYTES (%d)", rowBytes, limit)
+}
+
+// backfillQuery selects the mapped columns (see backfillSQL) of the
+// table, after checking it has the required ones.
 func backfillQuery(ctx context.Context, db *pgx.Conn, m wal.Mapping) (string, error) {
 	table := pgx.Identifier{m.Schema, m.Table}.Sanitize()
 	rows, err := db.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, table)
@@ -135,17 +203,49 @@ func backfillQuery(ctx context.Context, db *pgx.Conn, m wal.Mapping) (string, er
 			return "", fmt.Errorf("%w: table %s has no column %q", wal.ErrSchema, table, req)
 		}
 	}
-	text := func(col string) string {
-		if col == "" || !has[col] {
-			return "NULL::text"
-		}
-		return pgx.Identifier{col}.Sanitize() + "::text"
-	}
-	enqueued, order := "NULL::timestamptz", pgx.Identifier{m.ID}.Sanitize()
+	return backfillSQL(table, m, has), nil
+}
+
+// backfillSQL selects the unpublished rows of table (whose columns are
+// has), oldest first when it has enqueued_at, then by id as text: id,
+// payload length, total length, routing key, payload, headers, exchange,
+// type, enqueued_at; NULL for optional columns the table lacks.
+//
+// A row whose mapped columns add up to more than m.MaxMessageBytes comes
+// with its id and lengths only, so an oversize row is never sent whole;
+// any other row comes without lengths. o is the backlog in order, sorted
+// before anything is rendered, so the sort holds stored values, not their
+// rendering; r renders each column as text once (i(d), k(ey), p(ayload),
+// h(eaders), e(xchange), t(ype)); v adds n, their total length. Each
+// OFFSET 0 keeps the planner from inlining a level, which would render a
+// jsonb payload again for every use of its length.
+func backfillSQL(table string, m wal.Mapping, has map[string]bool) string {
+	inner, outer, enqueued := "cdcrelay_id", "o.cdcrelay_id", "NULL::timestamptz"
 	if has["enqueued_at"] {
-		enqueued, order = "enqueued_at", "enqueued_at, "+order
+		inner, outer, enqueued = "enqueued_at, "+inner, "o.enqueued_at, "+outer, "o.enqueued_at"
 	}
-	return fmt.Sprintf(`SELECT %s, %s, convert_to(%s, 'UTF8'), %s, %s, %s, %s FROM %s WHERE published_at IS NULL ORDER BY %s`,
-		text(m.ID), text(m.RoutingKey), text(m.Payload), text(m.Headers), text(m.Exchange), text(m.MessageType),
-		enqueued, table, order), nil
+	names := []string{"i", "k", "p", "h", "e", "t"}
+	rendered, sizes := []string{"o.cdcrelay_id AS i"}, []string{"coalesce(octet_length(r.i), 0)"}
+	for i, col := range []string{m.RoutingKey, m.Payload, m.Headers, m.Exchange, m.MessageType} {
+		expr := "NULL::text"
+		if col != "" && has[col] {
+			expr = "o." + pgx.Identifier{col}.Sanitize() + "::text"
+		}
+		rendered = append(rendered, expr+" AS "+names[i+1])
+		sizes = append(sizes, "coalesce(octet_length(r."+names[i+1]+"), 0)")
+	}
+	fits := "true"
+	if m.MaxMessageBytes > 0 {
+		fits = fmt.Sprintf("v.n <= %d", m.MaxMessageBytes)
+	}
+	when := func(expr string) string { return "CASE WHEN " + fits + " THEN " + expr + " END" }
+	unless := func(expr string) string { return "CASE WHEN " + fits + " THEN NULL ELSE " + expr + " END" }
+	return fmt.Sprintf(`SELECT v.i, %s, %s, %s, %s, %s, %s, %s, %s
+FROM (SELECT *, %s::text AS cdcrelay_id FROM %s WHERE published_at IS NULL ORDER BY %s OFFSET 0) o
+CROSS JOIN LATERAL (SELECT r.*, (%s)::bigint AS n FROM (SELECT %s OFFSET 0) r OFFSET 0) v
+ORDER BY %s`,
+		unless("octet_length(v.p)::bigint"), unless("v.n"),
+		when("v.k"), when("convert_to(v.p, 'UTF8')"), when("v.h"), when("v.e"), when("v.t"), enqueued,
+		pgx.Identifier{m.ID}.Sanitize(), table, inner,
+		strings.Join(sizes, " + "), strings.Join(rendered, ", "), outer)
 }
