@@ -586,6 +586,10 @@ func (r *Relay) dial(ctx context.Context) (*publish.Link, error) {
 	return link, nil
 }
 
+// replicationParams are set on the replication connection unless the URL
+// sets them.
+var replicationParams = map[string]string{"statement_timeout": "0", "idle_in_transaction_session_timeout": "0"}
+
 // connectReplication opens the replication connection.
 func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) {
 	cfg, err := pgconn.ParseConfig(r.cfg.DatabaseURL)
@@ -594,6 +598,15 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	cfg.RuntimeParams["application_name"] = "cdcrelay"
+	// A slot created with an exported snapshot leaves this connection in a
+	// transaction until the backlog is published (adoption); slot creation
+	// itself waits for every open transaction. A role's timeouts must end
+	// neither: the relay reports what it waits for instead.
+	for k, v := range replicationParams {
+		if _, set := cfg.RuntimeParams[k]; !set {
+			cfg.RuntimeParams[k] = v
+		}
+	}
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = connectTimeout
 	}

@@ -58,6 +58,12 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", strings.ReplaceAll(c.Snapshot, "'", "''"))); err != nil {
 		return 0, fmt.Errorf("import slot snapshot: %w", err)
 	}
+	// The transaction sits idle while the publisher waits for the broker or
+	// for room in the byte budget: a role's idle-in-transaction timeout must
+	// not end an adoption that is only waiting.
+	if _, err := tx.Exec(ctx, "SET LOCAL idle_in_transaction_session_timeout = 0"); err != nil {
+		return 0, fmt.Errorf("backfill: %w", err)
+	}
 	if _, err := tx.Exec(ctx, "DECLARE cdcrelay_backfill NO SCROLL CURSOR FOR "+query); err != nil {
 		return 0, fmt.Errorf("declare backfill cursor: %w", err)
 	}
