@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"runtime"
 	"strings"
@@ -110,7 +109,7 @@ func startStuckPublisher(t *testing.T, ctx context.Context, l *Link, exchange st
 	p := &Publisher{
 		Link: l, In: in, Acks: discardAcks{}, Exchange: exchange,
 		MaxInFlight: 1000, MaxInFlightBytes: 1 << 30, ConfirmTimeout: time.Minute, MaxMessageBytes: 1 << 20,
-		Drained: make(chan struct{}), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Drained: make(chan struct{}), Log: slog.New(slog.DiscardHandler),
 		Metrics: NewMetrics(prometheus.NewRegistry()),
 	}
 	done := make(chan error, 1)

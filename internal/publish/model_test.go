@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -733,7 +734,7 @@ func TestPipelineModel(t *testing.T) {
 			total.add(runModel(t, seed, modelOptsFrom(opts)))
 		})
 		if !ok {
-			t.Logf("to replay it, add {\"name\", %d, []byte{%s}} to modelCases (goroutine scheduling still varies)", seed, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(opts)), ", "), "[]"))
+			t.Logf("to replay it, add {\"name\", %d, []byte{%s}} to modelCases (goroutine scheduling still varies)", seed, byteList(opts))
 			break
 		}
 	}
@@ -757,4 +758,13 @@ func FuzzPipeline(f *testing.F) {
 		o.steps = min(o.steps, 400) // keep each execution short
 		runModel(t, seed, o)
 	})
+}
+
+// byteList writes b as Go's byte literals, "1, 2, 3".
+func byteList(b []byte) string {
+	parts := make([]string, len(b))
+	for i, x := range b {
+		parts[i] = strconv.Itoa(int(x))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -150,7 +150,7 @@ func TestIntegrationMarksBlockedThenRestored(t *testing.T) {
 	more, last := insertTxns(t, e.db, "k", 20)
 	waitAll(t, e.consumer, more, 30*time.Second) // delivery goes on
 	time.Sleep(2 * time.Second)                  // many status updates and mark attempts
-	all := append(blocked, more...)
+	all := slices.Concat(blocked, more)
 	if n := unmarked(t, e, all); n != len(all) {
 		t.Fatalf("%d rows marked without the grant", len(all)-n)
 	}

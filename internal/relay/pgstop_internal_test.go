@@ -30,7 +30,7 @@ func TestWatchStopping(t *testing.T) {
 	cancel()
 	for _, c := range []struct {
 		name       string
-		ctx        context.Context
+		ctx        context.Context //nolint:containedctx // a table case's context
 		stopping   <-chan struct{}
 		readerDone <-chan struct{}
 		want       error

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -78,7 +79,7 @@ func TestIntegrationPgstopFastStopWithUnmarkedRows(t *testing.T) {
 	warm, _ := insertTxns(t, e.db, "k", 10)
 	waitAll(t, e.consumer, warm, 30*time.Second)
 	waitMarked(t, e, warm, 15*time.Second)
-	rows := append(warm, pgstopDeliverUnmarked(t, e)...)
+	rows := slices.Concat(warm, pgstopDeliverUnmarked(t, e))
 
 	took := pgstopFast(t, e, r)
 	t.Logf("fast stop took %s with marks waiting", took.Round(time.Millisecond))
@@ -88,7 +89,7 @@ func TestIntegrationPgstopFastStopWithUnmarkedRows(t *testing.T) {
 	}
 	e.db = e.connect()
 	after, last := insertTxns(t, e.db, "k", 10)
-	all := append(rows, after...)
+	all := slices.Concat(rows, after)
 	waitAll(t, e.consumer, all, 60*time.Second)
 	markedIn := waitMarked(t, e, all, 30*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 30*time.Second)
@@ -156,7 +157,7 @@ func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
 	e.db = e.connect()
 	first := marksCommitLSN(t, e, rows[0].id)
 	after, last := insertTxns(t, e.db, "k", 10)
-	all := append(rows, after...)
+	all := slices.Concat(rows, after)
 	waitAll(t, e.consumer, all, 60*time.Second)
 	time.Sleep(2 * time.Second)
 	if got := testenv.ConfirmedFlush(t, e.db, marksSlot); got > first {

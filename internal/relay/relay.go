@@ -479,7 +479,7 @@ func (r *Relay) publisher(link *publish.Link, in <-chan wal.Event, a publish.Ack
 // the watermark. A late callback of an ended session only moves that
 // session's own, discarded watermark: harmless.
 type acks struct {
-	ctx    context.Context // the session's: a wait for room in the marker ends with it
+	ctx    context.Context //nolint:containedctx // the session's: Ack has no ctx parameter (publish.Acker), and a wait for room in the marker must end with the session
 	marks  *slot.Watermark
 	marker Marker
 	open   *atomic.Int64      // events handed to the marker and not done yet

@@ -179,7 +179,9 @@ func (f *fence) stop() {
 func (f *fence) explain(err error) error {
 	select {
 	case <-f.lost:
-		return fmt.Errorf("lost the slot lock: %w; stopped (%v)", f.cause, err)
+		// Only the lost lock classifies the error (retryable): err is its
+		// consequence and is kept as text.
+		return fmt.Errorf("lost the slot lock: %w; stopped (%v)", f.cause, err) //nolint:errorlint // see above
 	default:
 		return err
 	}

@@ -3,7 +3,7 @@ package wal
 import (
 	"context"
 	"encoding/binary"
-	"io"
+	"errors"
 	"log/slog"
 	"net"
 	"strings"
@@ -130,7 +130,7 @@ func TestReaderHoldsNoMoreThanTheBudget(t *testing.T) {
 		Conn: conn, Decoder: NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"}),
 		Marks: &budgetMarks{}, Out: out, Budget: sem, BudgetBytes: budget,
 		StatusInterval: 100 * time.Millisecond, Stop: stop, Drained: make(chan struct{}),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(prometheus.NewRegistry()),
+		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -181,7 +181,7 @@ func TestReaderHoldsNoMoreThanTheBudget(t *testing.T) {
 	close(stop)
 	cancel()
 	wg.Wait()
-	if runErr != nil && runErr != context.Canceled {
+	if runErr != nil && !errors.Is(runErr, context.Canceled) {
 		t.Fatalf("reader: %v", runErr)
 	}
 }
@@ -204,7 +204,7 @@ func TestReaderBudgetBigEvent(t *testing.T) {
 		Conn: conn, Decoder: NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"}),
 		Marks: &budgetMarks{}, Out: out, Budget: sem, BudgetBytes: budget,
 		StatusInterval: 100 * time.Millisecond, Stop: stop, Drained: make(chan struct{}),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(prometheus.NewRegistry()),
+		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
