@@ -2,10 +2,7 @@ package relay_test
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -143,22 +140,9 @@ func memoryBudgetWaitIDs(t *testing.T, c *testenv.Consumer, ids []string, within
 // memoryBudgetRSS reads VmRSS and VmHWM (peak) of pid, in KiB.
 func memoryBudgetRSS(t *testing.T, pid int) (rss, peak int64) {
 	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	rss, peak, err := testenv.Memory(pid)
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = v
-		case "VmHWM:":
-			peak = v
-		}
 	}
 	return rss, peak
 }
