@@ -317,11 +317,22 @@ func pglsn(v uint64) pglogrepl.LSN { return pglogrepl.LSN(v) }
 // waitAll waits until every row has been delivered at least once.
 func waitAll(t *testing.T, c *testenv.Consumer, rows []row, within time.Duration) {
 	t.Helper()
-	want := make(map[string]bool, len(rows))
-	for _, r := range rows {
-		want[r.id] = true
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.id
 	}
-	seen := make(map[string]bool, len(rows))
+	waitDeliveredIDs(t, c, ids, within, func() { report(t, rows, c.Deliveries()) })
+}
+
+// waitDeliveredIDs waits until every id has been delivered at least once. On
+// timeout it calls onTimeout, if not nil, to explain, then fails.
+func waitDeliveredIDs(t *testing.T, c *testenv.Consumer, ids []string, within time.Duration, onTimeout func()) {
+	t.Helper()
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	seen := make(map[string]bool, len(ids))
 	next := 0
 	deadline := time.Now().Add(within)
 	for len(seen) < len(want) {
@@ -332,7 +343,9 @@ func waitAll(t *testing.T, c *testenv.Consumer, rows []row, within time.Duration
 			}
 		}
 		if time.Now().After(deadline) {
-			report(t, rows, c.Deliveries())
+			if onTimeout != nil {
+				onTimeout()
+			}
 			t.Fatalf("%d of %d distinct events after %s", len(seen), len(want), within)
 		}
 		time.Sleep(50 * time.Millisecond)
