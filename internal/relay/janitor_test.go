@@ -37,6 +37,8 @@ func waitMarked(t *testing.T, e *env, rows []row, within time.Duration) time.Dur
 	return time.Since(start)
 }
 
+// gauge reads an unlabelled gauge or counter; it fails the test if the
+// registry has no such metric.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()

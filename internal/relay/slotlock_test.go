@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
@@ -146,7 +145,7 @@ func TestIntegrationStandbyZeroPolling(t *testing.T) {
 	// starts streaming (then hourly): let it finish, so that the window
 	// below sees only what the standby does.
 	a.WaitFor(t, 45*time.Second, "the first retention run", func() bool {
-		return slotownCounter(t, a.reg, "cdcrelay_retention_runs_total") >= 1
+		return gauge(t, a.reg, "cdcrelay_retention_runs_total") >= 1
 	})
 	// PostgreSQL 15 flushes a backend's counters up to 10 s after its last
 	// statement: let the start-up statements land before the window opens.
@@ -600,19 +599,4 @@ func TestIntegrationSlotStreamedOutsideLock(t *testing.T) {
 	c.waitStreaming(t)
 	rows, _ := insertTxns(t, e.db, "k", 5)
 	waitAll(t, e.consumer, rows, 30*time.Second)
-}
-
-// slotownCounter reads an unlabelled counter, 0 when it has no sample yet.
-func slotownCounter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	return 0
 }
