@@ -351,3 +351,43 @@ func waitDeliveredIDs(t *testing.T, c *testenv.Consumer, ids []string, within ti
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// streamingRelay starts a relay with vars on a fresh database and waits until
+// it streams.
+func streamingRelay(t *testing.T, vars map[string]string) (*env, *running) {
+	t.Helper()
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	r := e.startRelay(vars)
+	r.waitStreaming(t)
+	return e, r
+}
+
+// insertMarked inserts n rows in one transaction and waits until they are
+// delivered and marked (within markWithin): the janitor's connection is
+// then open.
+func insertMarked(t *testing.T, e *env, n int, markWithin time.Duration) []row {
+	t.Helper()
+	rows, _ := insertDelivered(t, e, n)
+	waitMarked(t, e, rows, markWithin)
+	return rows
+}
+
+// marksDelivered inserts one transaction per size and waits (30 s) until
+// every row is delivered; it returns the rows and the position read
+// inside the last transaction.
+func insertDelivered(t *testing.T, e *env, sizes ...int) ([]row, pglogrepl.LSN) {
+	t.Helper()
+	rows, last := insertTxns(t, e.db, "k", sizes...)
+	waitAll(t, e.consumer, rows, 30*time.Second)
+	return rows, last
+}
+
+// restartPostgres starts the stopped server again and reconnects the
+// test's own connection.
+func restartPostgres(t *testing.T, e *env) {
+	t.Helper()
+	if err := e.pg.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e.db = e.connect()
+}

@@ -37,46 +37,6 @@ const (
 	marksGrantSQL  = `GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO cdcrelay_app`
 )
 
-// marksRelay starts a relay with vars on a fresh database and waits until
-// it streams.
-func marksRelay(t *testing.T, vars map[string]string) (*env, *running) {
-	t.Helper()
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(vars)
-	r.waitStreaming(t)
-	return e, r
-}
-
-// marksWarm inserts n rows in one transaction and waits until they are
-// delivered and marked (within markWithin): the janitor's connection is
-// then open.
-func marksWarm(t *testing.T, e *env, n int, markWithin time.Duration) []row {
-	t.Helper()
-	rows, _ := marksDelivered(t, e, n)
-	waitMarked(t, e, rows, markWithin)
-	return rows
-}
-
-// marksDelivered inserts one transaction per size and waits (30 s) until
-// every row is delivered; it returns the rows and the position read
-// inside the last transaction.
-func marksDelivered(t *testing.T, e *env, sizes ...int) ([]row, pglogrepl.LSN) {
-	t.Helper()
-	rows, last := insertTxns(t, e.db, "k", sizes...)
-	waitAll(t, e.consumer, rows, 30*time.Second)
-	return rows, last
-}
-
-// marksRestartPostgres starts the stopped server again and reconnects the
-// test's own connection.
-func marksRestartPostgres(t *testing.T, e *env) {
-	t.Helper()
-	if err := e.pg.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	e.db = e.connect()
-}
-
 // marksDeliveredUnmarked counts delivered rows still unmarked.
 func marksDeliveredUnmarked(t *testing.T, e *env) int {
 	t.Helper()
@@ -184,13 +144,13 @@ func TestIntegrationMarksSurviveSIGKILL(t *testing.T) {
 // position stays before the unmarked rows, and once the grant is back
 // every row is marked by the same relay, without a restart.
 func TestIntegrationMarksBlockedThenRestored(t *testing.T) {
-	e, r := marksRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
-	marksWarm(t, e, 5, 10*time.Second)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	insertMarked(t, e, 5, 10*time.Second)
 
 	marksExec(t, e, marksRevokeSQL)
-	blocked, _ := marksDelivered(t, e, 10, 10, 10)
-	more, last := marksDelivered(t, e, 20) // delivery goes on
-	time.Sleep(2 * time.Second)            // many status updates and mark attempts
+	blocked, _ := insertDelivered(t, e, 10, 10, 10)
+	more, last := insertDelivered(t, e, 20) // delivery goes on
+	time.Sleep(2 * time.Second)             // many status updates and mark attempts
 	all := slices.Concat(blocked, more)
 	if n := unmarked(t, e, all); n != len(all) {
 		t.Fatalf("%d rows marked without the grant", len(all)-n)
@@ -224,7 +184,7 @@ func TestIntegrationMarksPoisonWithoutParkGrant(t *testing.T) {
 	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
 	r.waitStreaming(t)
 	marksExec(t, e, `INSERT INTO event_outbox (routing_key, payload) VALUES ('`+strings.Repeat("r", 300)+`', '{"event_type":"TestEvent"}')`)
-	good, last := marksDelivered(t, e, 10, 10)
+	good, last := insertDelivered(t, e, 10, 10)
 	took := waitMarked(t, e, good, 5*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 10*time.Second)
 	time.Sleep(time.Second) // ten more mark intervals: no more reports
@@ -247,10 +207,10 @@ func TestIntegrationMarksPoisonWithoutParkGrant(t *testing.T) {
 // BACKOFF_MAX=1s here), not one per mark interval; afterwards every row is
 // marked.
 func TestIntegrationMarksPostgresStopped(t *testing.T) {
-	e, r := marksRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
 	ctx := context.Background()
 	marksExec(t, e, marksRevokeSQL)
-	rows, _ := marksDelivered(t, e, 20, 20)
+	rows, _ := insertDelivered(t, e, 20, 20)
 	// A crash: the server is down, not shutting down, for the whole 10 s
 	// (a fast stop ends the session at once: pgstop_test.go).
 	if err := e.pg.Stop(ctx, "immediate"); err != nil {
@@ -259,7 +219,7 @@ func TestIntegrationMarksPostgresStopped(t *testing.T) {
 	before := gauge(t, r.reg, "cdcrelay_janitor_connects_total")
 	time.Sleep(10 * time.Second)
 	attempts := gauge(t, r.reg, "cdcrelay_janitor_connects_total") - before
-	marksRestartPostgres(t, e)
+	restartPostgres(t, e)
 	marksExec(t, e, marksGrantSQL)
 	after, _ := insertTxns(t, e.db, "k", 20)
 	waitAll(t, e.consumer, after, 60*time.Second)
@@ -276,10 +236,10 @@ func TestIntegrationMarksPostgresStopped(t *testing.T) {
 // janitor rebuilds its statements (they cast to the id column's type) and
 // marks new rows without a restart.
 func TestIntegrationMarksAfterIDTypeChange(t *testing.T) {
-	e, r := marksRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
-	marksWarm(t, e, 5, 10*time.Second)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	insertMarked(t, e, 5, 10*time.Second)
 	marksExec(t, e, `ALTER TABLE event_outbox ALTER COLUMN id TYPE text`)
-	marksDelivered(t, e, 5)
+	insertDelivered(t, e, 5)
 	start := time.Now()
 	for marksDeliveredUnmarked(t, e) > 0 { // unmarked casts to uuid: not any more
 		if time.Since(start) > 10*time.Second {
@@ -300,7 +260,7 @@ func TestIntegrationMarksAfterIDTypeChange(t *testing.T) {
 // only that every row is delivered, marked and confirmed; the figures are
 // logged.
 func TestIntegrationMarksLatencyFigures(t *testing.T) {
-	e, _ := marksRelay(t, map[string]string{"MARK_INTERVAL": "100ms", "LOG_LEVEL": "info"})
+	e, _ := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms", "LOG_LEVEL": "info"})
 	const n = 40
 	var deliver, confirm []time.Duration
 	var all []row
@@ -399,8 +359,8 @@ func marksSteadyConfirmLag(t *testing.T, e *env, d, gap time.Duration) []time.Du
 // past them: the drain asks the janitor to write at once and the final
 // status update carries the marks written meanwhile.
 func TestIntegrationMarksGracefulStop(t *testing.T) {
-	e, r := marksRelay(t, map[string]string{"MARK_INTERVAL": "5s", "MARK_BATCH": "100000"})
-	rows, last := marksDelivered(t, e, 100, 100)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "5s", "MARK_BATCH": "100000"})
+	rows, last := insertDelivered(t, e, 100, 100)
 	began := time.Now()
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
@@ -423,7 +383,7 @@ func TestIntegrationMarksStandbyJanitorIdle(t *testing.T) {
 	a.waitStreaming(t)
 	b := e.startRelay(map[string]string{"MARK_INTERVAL": "20ms", "STANDBY_RETRY": "200ms"})
 	b.WaitFor(t, 30*time.Second, "standby", func() bool { return b.relay.Role() == relay.RoleStandby })
-	marksWarm(t, e, 20, 10*time.Second)
+	insertMarked(t, e, 20, 10*time.Second)
 	time.Sleep(time.Second) // 50 mark ticks on the standby
 	if n := gauge(t, b.reg, "cdcrelay_janitor_connects_total"); n != 0 {
 		t.Fatalf("the standby's janitor made %v connection attempts", n)

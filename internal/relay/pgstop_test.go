@@ -79,16 +79,16 @@ func pgstopFastWithin(t *testing.T, e *env, why string) time.Duration {
 // the relay ends its session, so the walsender can exit. After the restart
 // every row is delivered and marked, and the slot passes them.
 func TestIntegrationPgstopFastStopWithUnmarkedRows(t *testing.T) {
-	e, r := marksRelay(t, map[string]string{"MARK_INTERVAL": "5s", "MARK_BATCH": "100000"})
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "5s", "MARK_BATCH": "100000"})
 	// A first batch marked: the janitor's connection is open at the stop
 	// and is terminated (57P01) rather than refused later (57P03).
-	warm := marksWarm(t, e, 10, 15*time.Second)
+	warm := insertMarked(t, e, 10, 15*time.Second)
 	rows := slices.Concat(warm, pgstopDeliverUnmarked(t, e))
 
 	took := pgstopFast(t, e, r)
 	t.Logf("fast stop took %s with marks waiting", took.Round(time.Millisecond))
 
-	marksRestartPostgres(t, e)
+	restartPostgres(t, e)
 	after, last := insertTxns(t, e.db, "k", 10)
 	all := slices.Concat(rows, after)
 	waitAll(t, e.consumer, all, 60*time.Second)
@@ -103,9 +103,9 @@ func TestIntegrationPgstopFastStopWithUnmarkedRows(t *testing.T) {
 // permission system (REVOKE UPDATE) is not a shutdown: the session goes
 // on delivering, no restart, and marks resume after the GRANT.
 func TestIntegrationPgstopRevokeKeepsSession(t *testing.T) {
-	e, r := marksRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
 	marksExec(t, e, marksRevokeSQL)
-	blocked, _ := marksDelivered(t, e, 10, 10)
+	blocked, _ := insertDelivered(t, e, 10, 10)
 	time.Sleep(3 * time.Second) // several failed mark attempts (backoff capped at 1s)
 	if errs := gauge(t, r.reg, "cdcrelay_janitor_errors_total"); errs < 2 {
 		t.Fatalf("%v janitor errors while revoked; the test did not exercise refused marks", errs)
@@ -116,7 +116,7 @@ func TestIntegrationPgstopRevokeKeepsSession(t *testing.T) {
 	if strings.Contains(r.logs.String(), "database is shutting down") {
 		t.Fatal("a permission error was taken for a shutdown")
 	}
-	more, last := marksDelivered(t, e, 10) // delivery goes on
+	more, last := insertDelivered(t, e, 10) // delivery goes on
 	marksExec(t, e, marksGrantSQL)
 	waitMarked(t, e, append(blocked, more...), 15*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 15*time.Second)
@@ -132,10 +132,10 @@ func TestIntegrationPgstopRevokeKeepsSession(t *testing.T) {
 // completes. After the restart the rows stay unmarked and the slot before
 // them until the GRANT; then every row ends marked.
 func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
-	e, r := marksRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
-	warm := marksWarm(t, e, 5, 10*time.Second)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	warm := insertMarked(t, e, 5, 10*time.Second)
 	marksExec(t, e, marksRevokeSQL)
-	rows, _ := marksDelivered(t, e, 20, 20)
+	rows, _ := insertDelivered(t, e, 20, 20)
 	time.Sleep(2 * time.Second) // marks refused on the backoff schedule
 	if n := unmarked(t, e, rows); n != len(rows) {
 		t.Fatalf("%d rows marked without the grant", len(rows)-n)
@@ -143,7 +143,7 @@ func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
 	took := pgstopFast(t, e, r)
 	t.Logf("fast stop took %s while marks were refused", took.Round(time.Millisecond))
 
-	marksRestartPostgres(t, e)
+	restartPostgres(t, e)
 	first := marksCommitLSN(t, e, rows[0].id)
 	after, last := insertTxns(t, e.db, "k", 10)
 	all := slices.Concat(rows, after)
@@ -165,15 +165,15 @@ func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
 // the same 57P01 as a fast shutdown, but the server stays up: the janitor
 // connects again, marks, and the session goes on without a restart.
 func TestIntegrationPgstopTerminatedBackendsKeepSession(t *testing.T) {
-	e, r := marksRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
-	marksWarm(t, e, 5, 10*time.Second) // the janitor's connection is open
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	insertMarked(t, e, 5, 10*time.Second) // the janitor's connection is open
 	var ended int
 	err := e.db.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE usename = 'cdcrelay_app' AND backend_type = 'client backend'`).Scan(&ended)
 	if err != nil || ended == 0 {
 		t.Fatalf("terminated %d of the relay's backends: %v", ended, err)
 	}
-	rows, last := marksDelivered(t, e, 20)
+	rows, last := insertDelivered(t, e, 20)
 	markedIn := waitMarked(t, e, rows, 15*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 15*time.Second)
 	if n := gauge(t, r.reg, "cdcrelay_pipeline_restarts_total"); n != 0 || strings.Contains(r.logs.String(), "database is shutting down") {
@@ -186,8 +186,8 @@ func TestIntegrationPgstopTerminatedBackendsKeepSession(t *testing.T) {
 // marked, the relay confirms all it was sent and the walsender exits by
 // itself at a fast stop; the session is not ended by the janitor.
 func TestIntegrationPgstopFastStopNothingToMark(t *testing.T) {
-	e, r := marksRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
-	rows, last := marksDelivered(t, e, 20)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	rows, last := insertDelivered(t, e, 20)
 	waitMarked(t, e, rows, 10*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 30*time.Second)
 	took := pgstopFastWithin(t, e, "the walsender did not exit with nothing to mark")
