@@ -391,3 +391,18 @@ func restartPostgres(t *testing.T, e *env) {
 	}
 	e.db = e.connect()
 }
+
+// waitReturnedUntilRouted checks that the slot has not passed the unrouted
+// (returned) rows committed before last, then binds a queue to their
+// routing key "nowhere" and waits until the retried message arrives there
+// and the slot passes it.
+func waitReturnedUntilRouted(t *testing.T, e *env, unrouted []row, last pglogrepl.LSN) {
+	t.Helper()
+	if got := testenv.ConfirmedFlush(t, e.db, slotName); got > last {
+		t.Fatalf("slot moved to %s past the returned message (%s)", got, last)
+	}
+	late := testenv.MustConsumer(t, e.amqpURL, e.exchange, testenv.UniqueName("cdcrelay.late"), "nowhere")
+	testenv.WaitCount(t, late, 1, 30*time.Second)
+	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	report(t, unrouted, late.Deliveries()[:1])
+}
