@@ -5,7 +5,6 @@ package faults_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -111,28 +110,6 @@ func (p *process) metrics(names ...string) (map[string]float64, error) {
 		}
 	}
 	return out, nil
-}
-
-// rssKiB reads VmRSS and VmHWM (peak) of pid from /proc.
-func rssKiB(pid int) (rss, peak int64, err error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = v
-		case "VmHWM:":
-			peak = v
-		}
-	}
-	return rss, peak, nil
 }
 
 // insertCommits is insert with the commit time of each transaction.

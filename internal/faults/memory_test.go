@@ -37,7 +37,7 @@ func TestBacklogMemoryBounded(t *testing.T) {
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 	time.Sleep(2 * time.Second) // let the janitor and the runtime settle
-	baseline, baselinePeak, err := rssKiB(pid)
+	baseline, baselinePeak, err := testenv.Memory(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestBacklogMemoryBounded(t *testing.T) {
 				return
 			case <-time.After(100 * time.Millisecond):
 			}
-			rss, _, err := rssKiB(pid)
+			rss, _, err := testenv.Memory(pid)
 			m, merr := p.metrics("cdcrelay_confirms_in_flight")
 			mu.Lock()
 			if err == nil {
@@ -87,7 +87,7 @@ func TestBacklogMemoryBounded(t *testing.T) {
 	if exited, err := p.Exited(); exited {
 		t.Fatalf("relay exited: %v", err)
 	}
-	_, peak, err := rssKiB(pid)
+	_, peak, err := testenv.Memory(pid)
 	if err != nil {
 		t.Fatal(err)
 	}

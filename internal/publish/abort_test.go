@@ -78,14 +78,7 @@ func stuckLink(t *testing.T, nodeURL string, heartbeat time.Duration) *Link {
 	t.Cleanup(func() {
 		// Bounded, so that a Close that hangs fails the test instead of
 		// hanging the test binary.
-		closed := make(chan struct{})
-		go func() {
-			_ = l.Close()
-			close(closed)
-		}()
-		select {
-		case <-closed:
-		case <-time.After(10 * time.Second):
+		if _, ok := closeBounded(l, 10*time.Second); !ok {
 			t.Errorf("Close still running after 10s:\n%s", stackOf("amqp091-go"))
 		}
 	})
@@ -206,6 +199,16 @@ func TestLinkCloseAbortsAStuckSocket(t *testing.T) {
 
 func closeWithin(t *testing.T, l *Link, within time.Duration) {
 	t.Helper()
+	took, ok := closeBounded(l, within)
+	if !ok {
+		t.Fatalf("Close still running after %s:\n%s", within, allStacks())
+	}
+	t.Logf("Close took %s", took.Round(time.Millisecond))
+}
+
+// closeBounded closes l, waiting at most within; ok is false if Close is
+// still running then (it goes on in the background).
+func closeBounded(l *Link, within time.Duration) (took time.Duration, ok bool) {
 	start := time.Now()
 	closed := make(chan struct{})
 	go func() {
@@ -214,9 +217,9 @@ func closeWithin(t *testing.T, l *Link, within time.Duration) {
 	}()
 	select {
 	case <-closed:
-		t.Logf("Close took %s", time.Since(start).Round(time.Millisecond))
+		return time.Since(start), true
 	case <-time.After(within):
-		t.Fatalf("Close still running after %s:\n%s", within, allStacks())
+		return within, false
 	}
 }
 

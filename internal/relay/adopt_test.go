@@ -117,12 +117,8 @@ func TestIntegrationAdoptionInterrupted(t *testing.T) {
 // TestIntegrationSlotDroppedWhileDown: a slot dropped while the relay was
 // down is recreated, and rows committed meanwhile come from its snapshot.
 func TestIntegrationSlotDroppedWhileDown(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(nil)
-	r.waitStreaming(t)
-	first, _ := insertTxns(t, e.db, "k", 10)
-	waitAll(t, e.consumer, first, 30*time.Second)
-	waitMarked(t, e, first, 10*time.Second)
+	e, r := streamingRelay(t, nil)
+	first := insertMarked(t, e, 10, 10*time.Second)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -182,9 +178,7 @@ func TestIntegrationSlotLostRecreated(t *testing.T) {
 	e := newEnv(t, lostCluster, "#")
 	r := e.startRelay(nil)
 	r.waitStreaming(t)
-	first, _ := insertTxns(t, e.db, "k", 5)
-	waitAll(t, e.consumer, first, 30*time.Second)
-	waitMarked(t, e, first, 10*time.Second)
+	first := insertMarked(t, e, 5, 10*time.Second)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -198,8 +192,7 @@ func TestIntegrationSlotLostRecreated(t *testing.T) {
 	if n := gauge(t, r.reg, "cdcrelay_slot_lost_total"); n != 1 {
 		t.Fatalf("slot lost counter %v, want 1", n)
 	}
-	after, _ := insertTxns(t, e.db, "k", 5)
-	waitAll(t, e.consumer, after, 30*time.Second)
+	after, _ := insertDelivered(t, e, 5)
 	report(t, append(all, after...), e.consumer.Deliveries())
 }
 

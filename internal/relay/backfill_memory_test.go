@@ -20,7 +20,7 @@ func TestIntegrationAdoptionBoundedByBytes(t *testing.T) {
 	ids := memoryBudgetInsert(t, e, 300, 1<<20)
 	began := time.Now()
 	p := memoryBudgetProcess(t, e, map[string]string{"MAX_IN_FLIGHT_BYTES": "2MiB", "LOG_LEVEL": "info"})
-	memoryBudgetWaitIDs(t, e.consumer, ids, 3*time.Minute)
+	waitDeliveredIDs(t, e.consumer, ids, 3*time.Minute, nil)
 	rows := make([]row, len(ids))
 	for i, id := range ids {
 		rows[i].id = id
@@ -60,7 +60,7 @@ func TestIntegrationAdoptionOversizeRowNotFetched(t *testing.T) {
 	}
 	small = append(small, memoryBudgetInsert(t, e, 5, 1024)...)
 	p := memoryBudgetProcess(t, e, map[string]string{"MAX_MESSAGE_BYTES": "16MiB", "LOG_LEVEL": "info"})
-	memoryBudgetWaitIDs(t, e.consumer, small, 3*time.Minute)
+	waitDeliveredIDs(t, e.consumer, small, 3*time.Minute, nil)
 	var lastError string
 	deadline := time.Now().Add(2 * time.Minute)
 	for {

@@ -317,11 +317,22 @@ func pglsn(v uint64) pglogrepl.LSN { return pglogrepl.LSN(v) }
 // waitAll waits until every row has been delivered at least once.
 func waitAll(t *testing.T, c *testenv.Consumer, rows []row, within time.Duration) {
 	t.Helper()
-	want := make(map[string]bool, len(rows))
-	for _, r := range rows {
-		want[r.id] = true
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.id
 	}
-	seen := make(map[string]bool, len(rows))
+	waitDeliveredIDs(t, c, ids, within, func() { report(t, rows, c.Deliveries()) })
+}
+
+// waitDeliveredIDs waits until every id has been delivered at least once. On
+// timeout it calls onTimeout, if not nil, to explain, then fails.
+func waitDeliveredIDs(t *testing.T, c *testenv.Consumer, ids []string, within time.Duration, onTimeout func()) {
+	t.Helper()
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	seen := make(map[string]bool, len(ids))
 	next := 0
 	deadline := time.Now().Add(within)
 	for len(seen) < len(want) {
@@ -332,9 +343,66 @@ func waitAll(t *testing.T, c *testenv.Consumer, rows []row, within time.Duration
 			}
 		}
 		if time.Now().After(deadline) {
-			report(t, rows, c.Deliveries())
+			if onTimeout != nil {
+				onTimeout()
+			}
 			t.Fatalf("%d of %d distinct events after %s", len(seen), len(want), within)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// streamingRelay starts a relay with vars on a fresh database and waits until
+// it streams.
+func streamingRelay(t *testing.T, vars map[string]string) (*env, *running) {
+	t.Helper()
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	r := e.startRelay(vars)
+	r.waitStreaming(t)
+	return e, r
+}
+
+// insertMarked inserts n rows in one transaction and waits until they are
+// delivered and marked (within markWithin): the janitor's connection is
+// then open.
+func insertMarked(t *testing.T, e *env, n int, markWithin time.Duration) []row {
+	t.Helper()
+	rows, _ := insertDelivered(t, e, n)
+	waitMarked(t, e, rows, markWithin)
+	return rows
+}
+
+// marksDelivered inserts one transaction per size and waits (30 s) until
+// every row is delivered; it returns the rows and the position read
+// inside the last transaction.
+func insertDelivered(t *testing.T, e *env, sizes ...int) ([]row, pglogrepl.LSN) {
+	t.Helper()
+	rows, last := insertTxns(t, e.db, "k", sizes...)
+	waitAll(t, e.consumer, rows, 30*time.Second)
+	return rows, last
+}
+
+// restartPostgres starts the stopped server again and reconnects the
+// test's own connection.
+func restartPostgres(t *testing.T, e *env) {
+	t.Helper()
+	if err := e.pg.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e.db = e.connect()
+}
+
+// waitReturnedUntilRouted checks that the slot has not passed the unrouted
+// (returned) rows committed before last, then binds a queue to their
+// routing key "nowhere" and waits until the retried message arrives there
+// and the slot passes it.
+func waitReturnedUntilRouted(t *testing.T, e *env, unrouted []row, last pglogrepl.LSN) {
+	t.Helper()
+	if got := testenv.ConfirmedFlush(t, e.db, slotName); got > last {
+		t.Fatalf("slot moved to %s past the returned message (%s)", got, last)
+	}
+	late := testenv.MustConsumer(t, e.amqpURL, e.exchange, testenv.UniqueName("cdcrelay.late"), "nowhere")
+	testenv.WaitCount(t, late, 1, 30*time.Second)
+	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	report(t, unrouted, late.Deliveries()[:1])
 }

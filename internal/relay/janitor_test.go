@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
@@ -37,7 +38,9 @@ func waitMarked(t *testing.T, e *env, rows []row, within time.Duration) time.Dur
 	return time.Since(start)
 }
 
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// metricFamily gathers reg and returns the metric family named name,
+// failing the test if the registry has none.
+func metricFamily(t *testing.T, reg *prometheus.Registry, name string) *dto.MetricFamily {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -45,33 +48,31 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			m := mf.GetMetric()[0]
-			if m.GetGauge() != nil {
-				return m.GetGauge().GetValue()
-			}
-			return m.GetCounter().GetValue()
+			return mf
 		}
 	}
 	t.Fatalf("no metric %s", name)
-	return 0
+	return nil
+}
+
+// gauge reads an unlabelled gauge or counter; it fails the test if the
+// registry has no such metric.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	m := metricFamily(t, reg, name).GetMetric()[0]
+	if m.GetGauge() != nil {
+		return m.GetGauge().GetValue()
+	}
+	return m.GetCounter().GetValue()
 }
 
 // counter reads one labelled series of a metric vector.
 func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
+	for _, m := range metricFamily(t, reg, name).GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label && l.GetValue() == value {
+				return m.GetCounter().GetValue()
 			}
 		}
 	}

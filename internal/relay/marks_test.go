@@ -30,6 +30,13 @@ func marksExec(t *testing.T, e *env, sql string) {
 	}
 }
 
+// marksRevokeSQL and marksGrantSQL take from and give back the relay role
+// the right to mark rows.
+const (
+	marksRevokeSQL = `REVOKE UPDATE (published_at, attempts, last_error) ON event_outbox FROM cdcrelay_app`
+	marksGrantSQL  = `GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO cdcrelay_app`
+)
+
 // marksDeliveredUnmarked counts delivered rows still unmarked.
 func marksDeliveredUnmarked(t *testing.T, e *env) int {
 	t.Helper()
@@ -137,19 +144,13 @@ func TestIntegrationMarksSurviveSIGKILL(t *testing.T) {
 // position stays before the unmarked rows, and once the grant is back
 // every row is marked by the same relay, without a restart.
 func TestIntegrationMarksBlockedThenRestored(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
-	r.waitStreaming(t)
-	warm, _ := insertTxns(t, e.db, "k", 5)
-	waitAll(t, e.consumer, warm, 30*time.Second)
-	waitMarked(t, e, warm, 10*time.Second)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	insertMarked(t, e, 5, 10*time.Second)
 
-	marksExec(t, e, `REVOKE UPDATE (published_at, attempts, last_error) ON event_outbox FROM cdcrelay_app`)
-	blocked, _ := insertTxns(t, e.db, "k", 10, 10, 10)
-	waitAll(t, e.consumer, blocked, 30*time.Second)
-	more, last := insertTxns(t, e.db, "k", 20)
-	waitAll(t, e.consumer, more, 30*time.Second) // delivery goes on
-	time.Sleep(2 * time.Second)                  // many status updates and mark attempts
+	marksExec(t, e, marksRevokeSQL)
+	blocked, _ := insertDelivered(t, e, 10, 10, 10)
+	more, last := insertDelivered(t, e, 20) // delivery goes on
+	time.Sleep(2 * time.Second)             // many status updates and mark attempts
 	all := slices.Concat(blocked, more)
 	if n := unmarked(t, e, all); n != len(all) {
 		t.Fatalf("%d rows marked without the grant", len(all)-n)
@@ -164,7 +165,7 @@ func TestIntegrationMarksBlockedThenRestored(t *testing.T) {
 		t.Fatalf("relay stopped: %v", err)
 	}
 
-	marksExec(t, e, `GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO cdcrelay_app`)
+	marksExec(t, e, marksGrantSQL)
 	took := waitMarked(t, e, all, 15*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 15*time.Second)
 	t.Logf("all %d rows marked %s after the grant came back; the slot then passed them", len(all), took.Round(time.Millisecond))
@@ -183,8 +184,7 @@ func TestIntegrationMarksPoisonWithoutParkGrant(t *testing.T) {
 	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
 	r.waitStreaming(t)
 	marksExec(t, e, `INSERT INTO event_outbox (routing_key, payload) VALUES ('`+strings.Repeat("r", 300)+`', '{"event_type":"TestEvent"}')`)
-	good, last := insertTxns(t, e.db, "k", 10, 10)
-	waitAll(t, e.consumer, good, 30*time.Second)
+	good, last := insertDelivered(t, e, 10, 10)
 	took := waitMarked(t, e, good, 5*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 10*time.Second)
 	time.Sleep(time.Second) // ten more mark intervals: no more reports
@@ -207,13 +207,10 @@ func TestIntegrationMarksPoisonWithoutParkGrant(t *testing.T) {
 // BACKOFF_MAX=1s here), not one per mark interval; afterwards every row is
 // marked.
 func TestIntegrationMarksPostgresStopped(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
-	r.waitStreaming(t)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
 	ctx := context.Background()
-	marksExec(t, e, `REVOKE UPDATE (published_at, attempts, last_error) ON event_outbox FROM cdcrelay_app`)
-	rows, _ := insertTxns(t, e.db, "k", 20, 20)
-	waitAll(t, e.consumer, rows, 30*time.Second)
+	marksExec(t, e, marksRevokeSQL)
+	rows, _ := insertDelivered(t, e, 20, 20)
 	// A crash: the server is down, not shutting down, for the whole 10 s
 	// (a fast stop ends the session at once: pgstop_test.go).
 	if err := e.pg.Stop(ctx, "immediate"); err != nil {
@@ -222,11 +219,8 @@ func TestIntegrationMarksPostgresStopped(t *testing.T) {
 	before := gauge(t, r.reg, "cdcrelay_janitor_connects_total")
 	time.Sleep(10 * time.Second)
 	attempts := gauge(t, r.reg, "cdcrelay_janitor_connects_total") - before
-	if err := e.pg.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	e.db = e.connect()
-	marksExec(t, e, `GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO cdcrelay_app`)
+	restartPostgres(t, e)
+	marksExec(t, e, marksGrantSQL)
 	after, _ := insertTxns(t, e.db, "k", 20)
 	waitAll(t, e.consumer, after, 60*time.Second)
 	took := waitMarked(t, e, append(rows, after...), 30*time.Second)
@@ -242,15 +236,10 @@ func TestIntegrationMarksPostgresStopped(t *testing.T) {
 // janitor rebuilds its statements (they cast to the id column's type) and
 // marks new rows without a restart.
 func TestIntegrationMarksAfterIDTypeChange(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
-	r.waitStreaming(t)
-	before, _ := insertTxns(t, e.db, "k", 5)
-	waitAll(t, e.consumer, before, 30*time.Second)
-	waitMarked(t, e, before, 10*time.Second)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	insertMarked(t, e, 5, 10*time.Second)
 	marksExec(t, e, `ALTER TABLE event_outbox ALTER COLUMN id TYPE text`)
-	after, _ := insertTxns(t, e.db, "k", 5)
-	waitAll(t, e.consumer, after, 30*time.Second)
+	insertDelivered(t, e, 5)
 	start := time.Now()
 	for marksDeliveredUnmarked(t, e) > 0 { // unmarked casts to uuid: not any more
 		if time.Since(start) > 10*time.Second {
@@ -271,9 +260,7 @@ func TestIntegrationMarksAfterIDTypeChange(t *testing.T) {
 // only that every row is delivered, marked and confirmed; the figures are
 // logged.
 func TestIntegrationMarksLatencyFigures(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms", "LOG_LEVEL": "info"})
-	r.waitStreaming(t)
+	e, _ := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms", "LOG_LEVEL": "info"})
 	const n = 40
 	var deliver, confirm []time.Duration
 	var all []row
@@ -372,11 +359,8 @@ func marksSteadyConfirmLag(t *testing.T, e *env, d, gap time.Duration) []time.Du
 // past them: the drain asks the janitor to write at once and the final
 // status update carries the marks written meanwhile.
 func TestIntegrationMarksGracefulStop(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "5s", "MARK_BATCH": "100000"})
-	r.waitStreaming(t)
-	rows, last := insertTxns(t, e.db, "k", 100, 100)
-	waitAll(t, e.consumer, rows, 30*time.Second)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "5s", "MARK_BATCH": "100000"})
+	rows, last := insertDelivered(t, e, 100, 100)
 	began := time.Now()
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
@@ -399,9 +383,7 @@ func TestIntegrationMarksStandbyJanitorIdle(t *testing.T) {
 	a.waitStreaming(t)
 	b := e.startRelay(map[string]string{"MARK_INTERVAL": "20ms", "STANDBY_RETRY": "200ms"})
 	b.WaitFor(t, 30*time.Second, "standby", func() bool { return b.relay.Role() == relay.RoleStandby })
-	rows, _ := insertTxns(t, e.db, "k", 20)
-	waitAll(t, e.consumer, rows, 30*time.Second)
-	waitMarked(t, e, rows, 10*time.Second)
+	insertMarked(t, e, 20, 10*time.Second)
 	time.Sleep(time.Second) // 50 mark ticks on the standby
 	if n := gauge(t, b.reg, "cdcrelay_janitor_connects_total"); n != 0 {
 		t.Fatalf("the standby's janitor made %v connection attempts", n)

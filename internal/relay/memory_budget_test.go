@@ -2,10 +2,7 @@ package relay_test
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -68,7 +65,7 @@ func memoryBudgetHeld(t *testing.T, extra map[string]string, n, size int) int64 
 	}
 	proxy.HoldUpstream(false)
 	began := time.Now()
-	memoryBudgetWaitIDs(t, e.consumer, ids, 3*time.Minute)
+	waitDeliveredIDs(t, e.consumer, ids, 3*time.Minute, nil)
 	drained := time.Since(began)
 	_, peak := memoryBudgetRSS(t, pid)
 	if exited, err := p.Exited(); exited {
@@ -116,49 +113,12 @@ func memoryBudgetInsert(t *testing.T, e *env, n, size int) []string {
 	return ids
 }
 
-// memoryBudgetWaitIDs waits until every id was delivered at least once.
-func memoryBudgetWaitIDs(t *testing.T, c *testenv.Consumer, ids []string, within time.Duration) {
-	t.Helper()
-	want := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
-	}
-	seen := map[string]bool{}
-	next := 0
-	deadline := time.Now().Add(within)
-	for len(seen) < len(want) {
-		for _, d := range c.DeliveriesFrom(next) {
-			next++
-			if want[d.MessageID] {
-				seen[d.MessageID] = true
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d events delivered after %s", len(seen), len(want), within)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // memoryBudgetRSS reads VmRSS and VmHWM (peak) of pid, in KiB.
 func memoryBudgetRSS(t *testing.T, pid int) (rss, peak int64) {
 	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	rss, peak, err := testenv.Memory(pid)
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = v
-		case "VmHWM:":
-			peak = v
-		}
 	}
 	return rss, peak
 }
@@ -212,7 +172,7 @@ func TestIntegrationLargeRowMemory(t *testing.T) {
 	_, parkedPeak := memoryBudgetRSS(t, pid)
 
 	// A row just under the limit is published: received and copied.
-	memoryBudgetWaitIDs(t, e.consumer, []string{insertLarge(limit - mib)}, 2*time.Minute)
+	waitDeliveredIDs(t, e.consumer, []string{insertLarge(limit - mib)}, 2*time.Minute, nil)
 	_, publishedPeak := memoryBudgetRSS(t, pid)
 
 	if exited, err := p.Exited(); exited {

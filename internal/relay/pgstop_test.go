@@ -44,18 +44,7 @@ func pgstopDeliverUnmarked(t *testing.T, e *env) []row {
 // its session for that reason and keeps running.
 func pgstopFast(t *testing.T, e *env, r *running) time.Duration {
 	t.Helper()
-	stopped := make(chan error, 1)
-	began := time.Now()
-	go func() { stopped <- e.pg.Stop(context.Background(), "fast") }()
-	select {
-	case err := <-stopped:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(pgstopBound):
-		t.Fatalf("pg_ctl stop -m fast still waiting after %s: the relay holds the walsender", pgstopBound)
-	}
-	took := time.Since(began)
+	took := pgstopFastWithin(t, e, "the relay holds the walsender")
 	if exited, err := r.Exited(); exited {
 		t.Fatalf("relay stopped: %v", err)
 	}
@@ -72,29 +61,41 @@ func pgstopFast(t *testing.T, e *env, r *running) time.Duration {
 	return took
 }
 
+// pgstopFastWithin stops PostgreSQL with -m fast and returns how long it
+// took, failing (not hanging) if it does not complete within pgstopBound;
+// why names the likely cause in that failure.
+func pgstopFastWithin(t *testing.T, e *env, why string) time.Duration {
+	t.Helper()
+	stopped := make(chan error, 1)
+	began := time.Now()
+	go func() { stopped <- e.pg.Stop(context.Background(), "fast") }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(pgstopBound):
+		t.Fatalf("pg_ctl stop -m fast still waiting after %s: %s", pgstopBound, why)
+	}
+	return time.Since(began)
+}
+
 // TestIntegrationPgstopFastStopWithUnmarkedRows: a fast stop of PostgreSQL
 // while delivered rows wait to be marked (MARK_INTERVAL=5s) completes
 // within seconds: the janitor sees the shutdown (57P01, then 57P03) and
 // the relay ends its session, so the walsender can exit. After the restart
 // every row is delivered and marked, and the slot passes them.
 func TestIntegrationPgstopFastStopWithUnmarkedRows(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "5s", "MARK_BATCH": "100000"})
-	r.waitStreaming(t)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "5s", "MARK_BATCH": "100000"})
 	// A first batch marked: the janitor's connection is open at the stop
 	// and is terminated (57P01) rather than refused later (57P03).
-	warm, _ := insertTxns(t, e.db, "k", 10)
-	waitAll(t, e.consumer, warm, 30*time.Second)
-	waitMarked(t, e, warm, 15*time.Second)
+	warm := insertMarked(t, e, 10, 15*time.Second)
 	rows := slices.Concat(warm, pgstopDeliverUnmarked(t, e))
 
 	took := pgstopFast(t, e, r)
 	t.Logf("fast stop took %s with marks waiting", took.Round(time.Millisecond))
 
-	if err := e.pg.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	e.db = e.connect()
+	restartPostgres(t, e)
 	after, last := insertTxns(t, e.db, "k", 10)
 	all := slices.Concat(rows, after)
 	waitAll(t, e.consumer, all, 60*time.Second)
@@ -109,12 +110,9 @@ func TestIntegrationPgstopFastStopWithUnmarkedRows(t *testing.T) {
 // permission system (REVOKE UPDATE) is not a shutdown: the session goes
 // on delivering, no restart, and marks resume after the GRANT.
 func TestIntegrationPgstopRevokeKeepsSession(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
-	r.waitStreaming(t)
-	marksExec(t, e, `REVOKE UPDATE (published_at, attempts, last_error) ON event_outbox FROM cdcrelay_app`)
-	blocked, _ := insertTxns(t, e.db, "k", 10, 10)
-	waitAll(t, e.consumer, blocked, 30*time.Second)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	marksExec(t, e, marksRevokeSQL)
+	blocked, _ := insertDelivered(t, e, 10, 10)
 	time.Sleep(3 * time.Second) // several failed mark attempts (backoff capped at 1s)
 	if errs := gauge(t, r.reg, "cdcrelay_janitor_errors_total"); errs < 2 {
 		t.Fatalf("%v janitor errors while revoked; the test did not exercise refused marks", errs)
@@ -125,9 +123,8 @@ func TestIntegrationPgstopRevokeKeepsSession(t *testing.T) {
 	if strings.Contains(r.logs.String(), "database is shutting down") {
 		t.Fatal("a permission error was taken for a shutdown")
 	}
-	more, last := insertTxns(t, e.db, "k", 10)
-	waitAll(t, e.consumer, more, 30*time.Second) // delivery goes on
-	marksExec(t, e, `GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO cdcrelay_app`)
+	more, last := insertDelivered(t, e, 10) // delivery goes on
+	marksExec(t, e, marksGrantSQL)
 	waitMarked(t, e, append(blocked, more...), 15*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 15*time.Second)
 	if n := gauge(t, r.reg, "cdcrelay_pipeline_restarts_total"); n != 0 {
@@ -142,15 +139,10 @@ func TestIntegrationPgstopRevokeKeepsSession(t *testing.T) {
 // completes. After the restart the rows stay unmarked and the slot before
 // them until the GRANT; then every row ends marked.
 func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
-	r.waitStreaming(t)
-	warm, _ := insertTxns(t, e.db, "k", 5)
-	waitAll(t, e.consumer, warm, 30*time.Second)
-	waitMarked(t, e, warm, 10*time.Second)
-	marksExec(t, e, `REVOKE UPDATE (published_at, attempts, last_error) ON event_outbox FROM cdcrelay_app`)
-	rows, _ := insertTxns(t, e.db, "k", 20, 20)
-	waitAll(t, e.consumer, rows, 30*time.Second)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	warm := insertMarked(t, e, 5, 10*time.Second)
+	marksExec(t, e, marksRevokeSQL)
+	rows, _ := insertDelivered(t, e, 20, 20)
 	time.Sleep(2 * time.Second) // marks refused on the backoff schedule
 	if n := unmarked(t, e, rows); n != len(rows) {
 		t.Fatalf("%d rows marked without the grant", len(rows)-n)
@@ -158,10 +150,7 @@ func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
 	took := pgstopFast(t, e, r)
 	t.Logf("fast stop took %s while marks were refused", took.Round(time.Millisecond))
 
-	if err := e.pg.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	e.db = e.connect()
+	restartPostgres(t, e)
 	first := marksCommitLSN(t, e, rows[0].id)
 	after, last := insertTxns(t, e.db, "k", 10)
 	all := slices.Concat(rows, after)
@@ -170,7 +159,7 @@ func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
 	if got := testenv.ConfirmedFlush(t, e.db, marksSlot); got > first {
 		t.Fatalf("slot confirmed %s after the restart, past the commit %s of unmarked rows", got, first)
 	}
-	marksExec(t, e, `GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO cdcrelay_app`)
+	marksExec(t, e, marksGrantSQL)
 	markedIn := waitMarked(t, e, all, 30*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 30*time.Second)
 	dups := report(t, append(warm, all...), e.consumer.Deliveries())
@@ -183,20 +172,15 @@ func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
 // the same 57P01 as a fast shutdown, but the server stays up: the janitor
 // connects again, marks, and the session goes on without a restart.
 func TestIntegrationPgstopTerminatedBackendsKeepSession(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
-	r.waitStreaming(t)
-	warm, _ := insertTxns(t, e.db, "k", 5)
-	waitAll(t, e.consumer, warm, 30*time.Second)
-	waitMarked(t, e, warm, 10*time.Second) // the janitor's connection is open
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	insertMarked(t, e, 5, 10*time.Second) // the janitor's connection is open
 	var ended int
 	err := e.db.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE usename = 'cdcrelay_app' AND backend_type = 'client backend' AND datname = current_database()`).Scan(&ended)
 	if err != nil || ended == 0 {
 		t.Fatalf("terminated %d of the relay's backends: %v", ended, err)
 	}
-	rows, last := insertTxns(t, e.db, "k", 20)
-	waitAll(t, e.consumer, rows, 30*time.Second)
+	rows, last := insertDelivered(t, e, 20)
 	markedIn := waitMarked(t, e, rows, 15*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 15*time.Second)
 	if n := gauge(t, r.reg, "cdcrelay_pipeline_restarts_total"); n != 0 || strings.Contains(r.logs.String(), "database is shutting down") {
@@ -209,25 +193,12 @@ func TestIntegrationPgstopTerminatedBackendsKeepSession(t *testing.T) {
 // marked, the relay confirms all it was sent and the walsender exits by
 // itself at a fast stop; the session is not ended by the janitor.
 func TestIntegrationPgstopFastStopNothingToMark(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
-	r.waitStreaming(t)
-	rows, last := insertTxns(t, e.db, "k", 20)
-	waitAll(t, e.consumer, rows, 30*time.Second)
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	rows, last := insertDelivered(t, e, 20)
 	waitMarked(t, e, rows, 10*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 30*time.Second)
-	stopped := make(chan error, 1)
-	began := time.Now()
-	go func() { stopped <- e.pg.Stop(context.Background(), "fast") }()
-	select {
-	case err := <-stopped:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(pgstopBound):
-		t.Fatalf("pg_ctl stop -m fast still waiting after %s with nothing to mark", pgstopBound)
-	}
-	t.Logf("fast stop took %s with nothing to mark", time.Since(began).Round(time.Millisecond))
+	took := pgstopFastWithin(t, e, "the walsender did not exit with nothing to mark")
+	t.Logf("fast stop took %s with nothing to mark", took.Round(time.Millisecond))
 	if strings.Contains(r.logs.String(), "database is shutting down; ending") {
 		t.Fatal("the janitor ended the session though it had nothing to mark")
 	}

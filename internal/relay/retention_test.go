@@ -17,18 +17,8 @@ import (
 // retentionHistogram reads a histogram's sample count and sum.
 func retentionHistogram(t *testing.T, reg *prometheus.Registry, name string) (uint64, float64) {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			h := mf.GetMetric()[0].GetHistogram()
-			return h.GetSampleCount(), h.GetSampleSum()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0, 0
+	h := metricFamily(t, reg, name).GetMetric()[0].GetHistogram()
+	return h.GetSampleCount(), h.GetSampleSum()
 }
 
 // retentionBackends counts the server's backends named application_name.

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
@@ -146,7 +145,7 @@ func TestIntegrationStandbyZeroPolling(t *testing.T) {
 	// starts streaming (then hourly): let it finish, so that the window
 	// below sees only what the standby does.
 	a.WaitFor(t, 45*time.Second, "the first retention run", func() bool {
-		return slotownCounter(t, a.reg, "cdcrelay_retention_runs_total") >= 1
+		return gauge(t, a.reg, "cdcrelay_retention_runs_total") >= 1
 	})
 	// PostgreSQL 15 flushes a backend's counters up to 10 s after its last
 	// statement: let the start-up statements land before the window opens.
@@ -186,8 +185,7 @@ func TestIntegrationStandbyZeroPolling(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.waitStreaming(t)
-	rows, _ := insertTxns(t, e.db, "k", 3)
-	waitAll(t, e.consumer, rows, 30*time.Second)
+	insertDelivered(t, e, 3)
 }
 
 // slotownStandbyProcess starts a relay process and waits until it waits
@@ -347,12 +345,8 @@ func slotownSlots(t *testing.T, db *pgx.Conn) map[string]bool {
 // waits; once the owner has ended the adoption and gone, it streams the
 // existing slot without dropping it.
 func TestIntegrationMarkerSeenUnderAnotherOwner(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(nil)
-	r.waitStreaming(t)
-	first, _ := insertTxns(t, e.db, "k", 5)
-	waitAll(t, e.consumer, first, 30*time.Second)
-	waitMarked(t, e, first, 10*time.Second)
+	e, r := streamingRelay(t, nil)
+	first := insertMarked(t, e, 5, 10*time.Second)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -540,8 +534,7 @@ func TestIntegrationLockIgnoresRoleTimeouts(t *testing.T) {
 		t.Fatalf("check's slot_lock finding %+v; want OK naming pid %d", lockFinding, holder)
 	}
 	t.Logf("check: %s", lockFinding.Message)
-	rows, _ := insertTxns(t, e.db, "k", 5)
-	waitAll(t, e.consumer, rows, 30*time.Second)
+	insertDelivered(t, e, 5)
 	// A waiting standby stops at once on request.
 	began := time.Now()
 	if err := b.stop(t); err != nil {
@@ -558,9 +551,7 @@ func TestIntegrationLockIgnoresRoleTimeouts(t *testing.T) {
 // first, as for a dead holder's walsender, then every
 // CDCRELAY_STANDBY_RETRY as a standby. Once it lets go, the relay streams.
 func TestIntegrationSlotStreamedOutsideLock(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(nil)
-	r.waitStreaming(t)
+	e, r := streamingRelay(t, nil)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -598,21 +589,5 @@ func TestIntegrationSlotStreamedOutsideLock(t *testing.T) {
 	}
 	_ = other.Close(ctx)
 	c.waitStreaming(t)
-	rows, _ := insertTxns(t, e.db, "k", 5)
-	waitAll(t, e.consumer, rows, 30*time.Second)
-}
-
-// slotownCounter reads an unlabelled counter, 0 when it has no sample yet.
-func slotownCounter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	return 0
+	insertDelivered(t, e, 5)
 }

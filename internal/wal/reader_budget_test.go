@@ -104,6 +104,17 @@ func budgetConn(t *testing.T, msgs [][]byte) (*pgconn.PgConn, *budgetServer) {
 	return conn, srv
 }
 
+// budgetReader is a Reader of the outbox on conn that holds at most
+// budget bytes of events (sem) before they are sent on out.
+func budgetReader(conn *pgconn.PgConn, sem *semaphore.Weighted, budget int64, out chan Event, stop chan struct{}) *Reader {
+	return &Reader{
+		Conn: conn, Decoder: NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"}),
+		Marks: &budgetMarks{}, Out: out, Budget: sem, BudgetBytes: budget,
+		StatusInterval: 100 * time.Millisecond, Stop: stop, Drained: make(chan struct{}),
+		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
+	}
+}
+
 // TestReaderHoldsNoMoreThanTheBudget: with nobody taking events, the
 // reader sends no more decoded bytes into Out than the budget allows
 // (whatever room Out has) and keeps sending status updates while it waits;
@@ -126,12 +137,7 @@ func TestReaderHoldsNoMoreThanTheBudget(t *testing.T) {
 	sem := semaphore.NewWeighted(budget)
 	out := make(chan Event, 256) // like the relay's: room is not the bound
 	stop := make(chan struct{})
-	r := &Reader{
-		Conn: conn, Decoder: NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"}),
-		Marks: &budgetMarks{}, Out: out, Budget: sem, BudgetBytes: budget,
-		StatusInterval: 100 * time.Millisecond, Stop: stop, Drained: make(chan struct{}),
-		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
-	}
+	r := budgetReader(conn, sem, budget, out, stop)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
@@ -200,12 +206,7 @@ func TestReaderBudgetBigEvent(t *testing.T) {
 	sem := semaphore.NewWeighted(budget)
 	out := make(chan Event, 16)
 	stop := make(chan struct{})
-	r := &Reader{
-		Conn: conn, Decoder: NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"}),
-		Marks: &budgetMarks{}, Out: out, Budget: sem, BudgetBytes: budget,
-		StatusInterval: 100 * time.Millisecond, Stop: stop, Drained: make(chan struct{}),
-		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
-	}
+	r := budgetReader(conn, sem, budget, out, stop)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
