@@ -3,6 +3,7 @@
 package faults_test
 
 import (
+	"bytes"
 	"fmt"
 	"testing"
 	"time"
@@ -53,9 +54,11 @@ func TestKillAfterPublishBeforeConfirm(t *testing.T) {
 
 // TestKillAfterConfirmBeforeStatusUpdate SIGKILLs the relay process after
 // the broker confirmed events but before PostgreSQL got the status update
-// that reports them: a proxy holds everything the relay sends to
-// PostgreSQL. The slot stays before them; the next process publishes them
-// again (duplicates, never a gap).
+// that reports them: a proxy holds what the relay sends on its replication
+// connection, while the janitor's connection goes through, so the rows are
+// marked (the slot may only move past marked rows) and the relay believes
+// it reported them. The slot stays before them; the next process publishes
+// them again (duplicates, never a gap).
 func TestKillAfterConfirmBeforeStatusUpdate(t *testing.T) {
 	w := newWorld(t, worldOptions{PGProxy: true})
 	p := w.startProcess(processOptions{Race: true})
@@ -63,7 +66,7 @@ func TestKillAfterConfirmBeforeStatusUpdate(t *testing.T) {
 	w.waitIDs(t, w.insert(t, 100, 10), time.Minute)
 	testenv.WaitConfirmed(t, w.db, slotName, currentLSN(t, w.db), 30*time.Second)
 
-	w.pgProxy.HoldUpstream(true)
+	w.pgProxy.HoldUpstreamWhere(isReplicationStartup)
 	held := w.insertCommits(t, 50, 10)
 	w.waitIDs(t, ids(held), 30*time.Second)
 	boundary := w.commitLSN(t, held[0].ids[0])
@@ -129,4 +132,11 @@ func TestKillInsideLargeTransaction(t *testing.T) {
 	if o.Duplicates < delivered {
 		t.Fatalf("%d duplicates, want at least the %d delivered before the kill", o.Duplicates, delivered)
 	}
+}
+
+// isReplicationStartup reports whether a PostgreSQL client's first message
+// is the startup message of a replication connection (its parameters name
+// "replication").
+func isReplicationStartup(first []byte) bool {
+	return bytes.Contains(first, []byte("replication\x00"))
 }

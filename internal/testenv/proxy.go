@@ -33,9 +33,12 @@ type Proxy struct {
 	ln     net.Listener
 	wg     sync.WaitGroup
 
-	mu        sync.Mutex
-	cond      *sync.Cond // signalled whenever a gate or a link's state changes
-	holdUp    bool
+	mu     sync.Mutex
+	cond   *sync.Cond // signalled whenever a gate or a link's state changes
+	holdUp bool
+	// holdUpIf, when set, limits holdUp to the links whose first chunk
+	// from the client (for PostgreSQL, the startup message) it accepts.
+	holdUpIf  func(first []byte) bool
 	holdDown  bool
 	blackhole bool
 	closed    bool
@@ -47,6 +50,7 @@ type proxyLink struct {
 	client net.Conn
 	server net.Conn // nil until dialled
 	dead   bool     // guarded by Proxy.mu; set when Reset or Close cut it
+	first  []byte   // the client's first chunk; guarded by Proxy.mu
 }
 
 // NewProxy listens on a free 127.0.0.1 port and forwards every connection to
@@ -75,7 +79,18 @@ func (p *Proxy) HoldDownstream(hold bool) { p.setGate(func() { p.holdDown = hold
 
 // HoldUpstream stops (true) or resumes (false) forwarding client->target
 // bytes. Held bytes are kept and delivered in order on resume.
-func (p *Proxy) HoldUpstream(hold bool) { p.setGate(func() { p.holdUp = hold }) }
+func (p *Proxy) HoldUpstream(hold bool) {
+	p.setGate(func() { p.holdUp, p.holdUpIf = hold, nil })
+}
+
+// HoldUpstreamWhere holds client->target bytes (as HoldUpstream(true)) only
+// on the links whose first chunk from the client match accepts: for
+// PostgreSQL that chunk is the startup message, so a test can hold the
+// replication connection (its startup names "replication") and let the
+// others through. HoldUpstream(false) resumes them.
+func (p *Proxy) HoldUpstreamWhere(match func(first []byte) bool) {
+	p.setGate(func() { p.holdUp, p.holdUpIf = true, match })
+}
 
 // Blackhole simulates a network partition: nothing moves in either direction
 // and neither side gets an error (no RST, no FIN). New connections are
@@ -231,6 +246,9 @@ func (p *Proxy) pump(l *proxyLink, dir direction, src, dst net.Conn) {
 	for {
 		n, rerr := src.Read(buf)
 		if n > 0 {
+			if dir == upstream {
+				p.noteFirst(l, buf[:n])
+			}
 			if !p.waitGate(l, dir) {
 				return
 			}
@@ -261,18 +279,27 @@ func (p *Proxy) pump(l *proxyLink, dir direction, src, dst net.Conn) {
 func (p *Proxy) waitGate(l *proxyLink, dir direction) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for !l.dead && p.gateClosedLocked(dir) {
+	for !l.dead && p.gateClosedLocked(l, dir) {
 		p.cond.Wait()
 	}
 	return !l.dead
 }
 
-func (p *Proxy) gateClosedLocked(dir direction) bool {
+// noteFirst records the client's first chunk of l.
+func (p *Proxy) noteFirst(l *proxyLink, chunk []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l.first == nil {
+		l.first = append([]byte(nil), chunk...)
+	}
+}
+
+func (p *Proxy) gateClosedLocked(l *proxyLink, dir direction) bool {
 	if p.blackhole {
 		return true
 	}
 	if dir == upstream {
-		return p.holdUp
+		return p.holdUp && (p.holdUpIf == nil || p.holdUpIf(l.first))
 	}
 	return p.holdDown
 }

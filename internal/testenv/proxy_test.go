@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,6 +51,25 @@ func TestProxyHoldUpstream(t *testing.T) {
 	expectSilence(t, c, 200*time.Millisecond)
 	p.HoldUpstream(false)
 	expect(t, c, "queued")
+}
+
+// TestProxyHoldUpstreamWhere: only links whose first chunk matches are
+// held; the others flow; releasing delivers what was held, in order.
+func TestProxyHoldUpstreamWhere(t *testing.T) {
+	t.Parallel()
+	p := MustProxy(t, echoServer(t))
+	held, free := dial(t, p.Addr()), dial(t, p.Addr())
+	write(t, held, "replication")
+	expect(t, held, "replication")
+	write(t, free, "normal")
+	expect(t, free, "normal")
+	p.HoldUpstreamWhere(func(first []byte) bool { return strings.Contains(string(first), "replication") })
+	write(t, held, "queued")
+	write(t, free, "passes")
+	expect(t, free, "passes")
+	expectSilence(t, held, 200*time.Millisecond)
+	p.HoldUpstream(false)
+	expect(t, held, "queued")
 }
 
 func TestProxyReset(t *testing.T) {
