@@ -11,3 +11,14 @@ func TestMain(m *testing.M) {
 	builds.Remove()
 	os.Exit(code)
 }
+
+// Parallel tests: the few tests that run longest and spend most of that
+// waiting (an idle window, SIGKILLs and takeovers, child processes, a
+// blocked broker) call t.Parallel, so that `make test` overlaps their waits
+// instead of adding them up: TestIntegrationStandbyZeroPolling,
+// TestIntegrationTakeoverAfterKill, TestIntegrationMarksSurviveSIGKILL,
+// TestIntegrationNoQueryPasswordInOutput and
+// TestIntegrationStopWhileBrokerBlocksAFullSocket. Each has its own
+// PostgreSQL cluster, exchange, queues and (where it needs one) private
+// broker node; their assertions are about their own cluster and processes,
+// with bounds that allow for a shared CPU. The other tests stay sequential.

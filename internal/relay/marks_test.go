@@ -79,6 +79,7 @@ func marksCommitLSN(t *testing.T, e *env, id string) pglogrepl.LSN {
 // janitor's flush. Every row ends marked and delivered (duplicates fine):
 // the slot never passed the rows whose marks died with a process.
 func TestIntegrationMarksSurviveSIGKILL(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	vars := map[string]string{"MARK_INTERVAL": "500ms", "MARK_BATCH": "5000", "STANDBY_RETRY": "200ms", "LOG_LEVEL": "info"}
 	p := e.startProcess(vars)

@@ -25,6 +25,7 @@ import (
 // passwords. Every secret below contains "S3cret" and nothing else printed
 // does, so finding that word anywhere is a leak.
 func TestIntegrationNoQueryPasswordInOutput(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	closed := freeAddr(t)
 	_, closedPort, _ := strings.Cut(closed, ":")

@@ -98,6 +98,7 @@ func shutdownWaitExit(t *testing.T, p *testenv.Process, stopped time.Time, withi
 // the marks of the events acked before the block on the way out. Once the
 // alarm clears, a new relay delivers everything.
 func TestIntegrationStopWhileBrokerBlocksAFullSocket(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	const (
 		shutdownTimeout = 3 * time.Second
 		rowSize         = 320 << 10

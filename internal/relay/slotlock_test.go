@@ -125,6 +125,7 @@ func slotownLockHolder(t *testing.T, db *pgx.Conn) int32 {
 // session or a transaction. The standby holds back no vacuum horizon in
 // the service database (its waiting statement runs in the lock's).
 func TestIntegrationStandbyZeroPolling(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{Settings: map[string]string{"autovacuum": "off"}}, "#")
 	if err := e.pg.CreateDatabase(context.Background(), "slotown_stats"); err != nil {
 		t.Fatal(err)
@@ -203,6 +204,7 @@ func slotownStandbyProcess(t *testing.T, e *env, stats *pgx.Conn, name string) (
 // standby takes to stream after the streaming relay is SIGKILLed: from the
 // kill until the standby's /readyz says streaming. Nothing is lost.
 func TestIntegrationTakeoverAfterKill(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	addr := freeAddr(t)
 	cur := e.startProcess(map[string]string{"HTTP_ADDR": addr, "DATABASE_URL": slotownURL(t, e.relayURL, "slotown_0"), "LOG_LEVEL": "info"})
