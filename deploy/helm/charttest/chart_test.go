@@ -18,9 +18,12 @@ import (
 )
 
 // goodValues are the values files every good-path check runs over.
-var goodValues = []string{"single.yaml", "multi.yaml", "monitoring.yaml", "files.yaml"}
+var goodValues = []string{"single.yaml", "multi.yaml", "monitoring.yaml", "files.yaml", "quoted.yaml"}
 
-var pgName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+var (
+	slotName = regexp.MustCompile(`^[a-z0-9_]{1,54}$`)
+	pgName   = regexp.MustCompile(`^([a-z_][a-z0-9_$]{0,62}|"([^"]|""){1,63}")$`)
+)
 
 // relayDefaults are the relay's documented defaults for the variables the chart
 // sets; with the chart's default values a relay gets exactly these.
@@ -136,7 +139,7 @@ func checkRelease(t *testing.T, r *Rendered) {
 		checkDeployment(t, r, d)
 		slot := envValue(t, d, "CDCRELAY_SLOT")
 		pub := envValue(t, d, "CDCRELAY_PUBLICATION")
-		if !pgName.MatchString(slot) || !pgName.MatchString(pub) {
+		if !slotName.MatchString(slot) || strings.HasSuffix(slot, "_adopting") || !pgName.MatchString(pub) {
 			t.Errorf("Deployment %s: slot %q or publication %q is not a valid name", d.Name, slot, pub)
 		}
 		if other, dup := slots[slot]; dup {
@@ -422,6 +425,25 @@ func TestSingleSource(t *testing.T) {
 	pdb := r.PDBs[0]
 	if pdb.Spec.UnhealthyPodEvictionPolicy == nil || *pdb.Spec.UnhealthyPodEvictionPolicy != "AlwaysAllow" {
 		t.Errorf("PDB unhealthyPodEvictionPolicy %v, want AlwaysAllow", pdb.Spec.UnhealthyPodEvictionPolicy)
+	}
+}
+
+// TestQuotedNames: table, column and publication names follow the relay's
+// identifier rules, quoted ones included, and reach it as written.
+func TestQuotedNames(t *testing.T) {
+	t.Parallel()
+	r := render(t, []string{"quoted.yaml"})
+	d := r.Deployment(t, "rel-cdcrelay")
+	for name, want := range map[string]string{
+		"CDCRELAY_TABLE":              `"Billing"."Outbox Events"`,
+		"CDCRELAY_PUBLICATION":        `"Billing Pub"`,
+		"CDCRELAY_SLOT":               "billing_outbox",
+		"CDCRELAY_ID_COLUMN":          `"EventId"`,
+		"CDCRELAY_ROUTING_KEY_COLUMN": `"RoutingKey"`,
+	} {
+		if got := envValue(t, d, name); got != want {
+			t.Errorf("%s = %q, want %q", name, got, want)
+		}
 	}
 }
 
@@ -762,7 +784,8 @@ data:
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}
 	}
-	for _, want := range []string{"owner of the outbox table", "cdcrelay migrate", "4 relay Deployment(s)", "logs deploy/rel-cdcrelay-shipping"} {
+	for _, want := range []string{"owner of the outbox table", "cdcrelay migrate", "4 relay Deployment(s)", "logs deploy/rel-cdcrelay-shipping",
+		"GRANT UPDATE (published_at, attempts, last_error)", "publish_via_partition_root = true", "CONNECT on the database `postgres`"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}
@@ -783,6 +806,9 @@ func TestRejectsBadValues(t *testing.T) {
 		{"unknown-top-key.yaml", "additional properties 'replicaCount' not allowed", true},
 		{"bad-slot.yaml", "at '/sources/0/slot': 'Orders-Slot' does not match pattern", true},
 		{"bad-publication.yaml", "at '/source/publication': '1pub' does not match pattern", true},
+		{"long-slot.yaml", "at '/sources/0/slot': 'cdcrelay_orders_0123456789_0123456789_0123456789_012345' does not match pattern", true},
+		{"marker-slot.yaml", "at '/sources/0/slot'", true},
+		{"adopting-derived-slot.yaml", "must match ^[a-z0-9_]{1,54}$ and not end in _adopting", false},
 		{"missing-database.yaml", "missing property 'database'", true},
 		{"missing-name.yaml", "missing property 'name'", true},
 		{"bad-source-name.yaml", "at '/sources/0/name'", true},

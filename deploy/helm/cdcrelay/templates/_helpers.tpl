@@ -157,10 +157,11 @@ Argument: dict "root" $ "out" (dict).
 {{- $derived := ternary (printf "cdcrelay_%s" (replace "-" "_" $name)) "cdcrelay_outbox" (ne $name "") }}
 {{- $_ := set $cfg "slot" (default $derived $src.slot) }}
 {{- $_ := set $cfg "publication" (default $derived $src.publication) }}
-{{- range $what := list "slot" "publication" }}
-{{- if not (regexMatch "^[a-z_][a-z0-9_]{0,62}$" (get $cfg $what)) }}
-{{- fail (printf "cdcrelay: %s: %s %q must match ^[a-z_][a-z0-9_]{0,62}$" $where $what (get $cfg $what)) }}
+{{- if or (not (regexMatch "^[a-z0-9_]{1,54}$" $cfg.slot)) (hasSuffix "_adopting" $cfg.slot) }}
+{{- fail (printf "cdcrelay: %s: slot %q must match ^[a-z0-9_]{1,54}$ and not end in _adopting (use a shorter source name, or set slot)" $where $cfg.slot) }}
 {{- end }}
+{{- if not (regexMatch "^([a-z_][a-z0-9_$]{0,62}|\"([^\"]|\"\"){1,63}\")$" $cfg.publication) }}
+{{- fail (printf "cdcrelay: %s: publication %q must be a lower-case name of at most 63 characters, or a double-quoted one" $where $cfg.publication) }}
 {{- end }}
 {{- range $what := list "name" "resourceName" "slot" }}
 {{- $key := printf "%s/%s" $what (get $cfg $what) }}
