@@ -46,3 +46,24 @@ func TestDecoderJudgesOversizeRowsBeforeCopying(t *testing.T) {
 		})
 	}
 }
+
+// TestDecoderOversizeCountsMappedColumnsOnly: a large column the relay
+// never reads does not make a row unsendable; the message is built from
+// the mapped columns, which are within the limit.
+func TestDecoderOversizeCountsMappedColumnsOnly(t *testing.T) {
+	m := testMapping
+	m.MaxMessageBytes = 1000
+	d := NewDecoder(m)
+	for _, msg := range [][]byte{encBegin(1, 1), encRelation(1, "public", "event_outbox", "id", "routing_key", "payload", "blob")} {
+		if _, err := d.Decode(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step, err := d.Decode(encInsert(1, s("a"), s("k"), s(`{"n":1}`), s(strings.Repeat("b", 5000))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if step.Kind != KindEvent || step.Event.Problem != "" || string(step.Event.Payload) != `{"n":1}` {
+		t.Fatalf("step %v problem %q payload %q: a large unread column made the row poison", step.Kind, step.Event.Problem, step.Event.Payload)
+	}
+}
