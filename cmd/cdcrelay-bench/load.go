@@ -75,7 +75,7 @@ func interleave(lanes [][]string) []string {
 
 // payloadExpr builds an outbox payload of about 210 bytes from g: a JSON
 // envelope with its own id, an event_type and a W3C trace_context, the
-// shape DESIGN.md describes (the relay parses it for the type and the
+// envelope services typically write (the relay parses it for the type and the
 // traceparent, so the bench exercises that path).
 const payloadExpr = `jsonb_build_object(
 	'id', md5('evt' || g)::uuid,

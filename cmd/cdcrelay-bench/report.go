@@ -15,7 +15,7 @@ import (
 // retention runs hourly).
 const monitorInterval = 15 * time.Second
 
-// rssTarget is the most memory the relay may hold (DESIGN.md invariant 6:
+// rssTarget is the most memory the relay may hold (docs/architecture.md invariant 6:
 // memory bounded by the in-flight window).
 const rssTarget = 64 << 20
 

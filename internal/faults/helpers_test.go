@@ -293,7 +293,7 @@ func (r *inproc) failures() []string {
 }
 
 // transportFailuresOnly checks that a link fault was reported as one
-// (DESIGN.md invariant 3: transport failures never count as a poisoned
+// (docs/architecture.md invariant 3: transport failures never count as a poisoned
 // event): no nack or return was counted and every failure logged says so.
 func (r *inproc) transportFailuresOnly(t *testing.T) {
 	t.Helper()

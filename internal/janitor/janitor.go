@@ -2,7 +2,7 @@
 // the relay: published_at for acknowledged events, attempts and last_error
 // for parked poison ones.
 //
-// A mark is part of the slot's position (invariant 10, docs/reliability.md):
+// A mark is part of the slot's position (invariant 10, docs/architecture.md):
 // the relay tells its watermark about an event only when the janitor calls
 // the event's completion callback, after the UPDATE that marked the row has
 // committed, the row was parked, or the row was found gone. So the slot

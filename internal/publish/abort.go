@@ -16,7 +16,7 @@ const stuckGrace = time.Second
 // broker stopped reading (a memory alarm with more unconfirmed bytes than
 // the socket buffers hold), ignores contexts and holds amqp091-go's locks,
 // so the group would wait for it until the broker reads again; closing
-// the socket fails the write (invariant 5, docs/reliability.md).
+// the socket fails the write (invariant 5, docs/architecture.md).
 //
 // A context that ended without a failure (context.Canceled: the group
 // finished cleanly, or its caller stopped it) arms nothing: the link may

@@ -185,7 +185,7 @@ const (
 // Close closes the connection: the AMQP close handshake, bounded by
 // closeTimeout (after a failure the broker may not answer at all), then the
 // socket, so that Close ends the connection within about two seconds
-// whatever the broker does (invariant 5, docs/reliability.md). The handshake
+// whatever the broker does (invariant 5, docs/architecture.md). The handshake
 // alone cannot promise that: a publish blocked in a socket write (a broker
 // that stopped reading, e.g. under a memory alarm) holds amqp091-go's
 // channel and send locks, its shutdown waits for them before it closes the

@@ -57,7 +57,7 @@ type Publisher struct {
 	// Budget, if set, is the session's byte budget (MaxInFlightBytes),
 	// shared with whoever feeds In: it took each event's weight
 	// (wal.Event.Weight) before sending it, so the events waiting in In
-	// count too (invariant 6, docs/reliability.md). The publisher gives the
+	// count too (invariant 6, docs/architecture.md). The publisher gives the
 	// weight back once the event's confirm or park is handled. If nil, the
 	// publisher takes the weight itself before each publish.
 	Budget *semaphore.Weighted
@@ -413,7 +413,7 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 // session's error. amqp091-go closes that channel when the channel or the
 // connection closes; the zero Return read from it then is a transport
 // failure, not a basic.return, and must not be counted or reported as one
-// (DESIGN.md invariant 3).
+// (docs/architecture.md invariant 3).
 func (p *Publisher) returned(r amqp.Return, ok bool) error {
 	if !ok {
 		return fmt.Errorf("%w: channel closed", ErrClosed)

@@ -201,7 +201,7 @@ func (e *EncodeError) Error() string {
 // error that touched the socket carries one of these; the encoder's own
 // errors are plain text (amqp091-go's writeShortstr, Table.Validate,
 // writeTable) or its syntax and field-type errors. A transport failure
-// must never make a row poison (invariant 3, docs/reliability.md), so only
+// must never make a row poison (invariant 3, docs/architecture.md), so only
 // errors positively free of these count as encoding errors.
 func transport(err error) bool {
 	var amqpErr *amqp.Error

@@ -13,7 +13,7 @@ import (
 // Tests of a primary's fast shutdown while marks wait. A logical walsender
 // exits only once the client has confirmed all the WAL sent to it, and the
 // relay withholds that confirmation while acked rows are unmarked
-// (invariant 10, docs/reliability.md): the relay must end its session when
+// (invariant 10, docs/architecture.md): the relay must end its session when
 // the janitor learns that the database is shutting down.
 
 // pgstopBound is the generous liveness bound for a fast stop; with the

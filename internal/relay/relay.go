@@ -58,7 +58,7 @@ func (r Role) String() string {
 
 // Relay moves outbox events from the slot to the broker until its context
 // ends. Each session connects both sides afresh and starts from the slot's
-// confirmed position; a failure discards the whole session (DESIGN.md
+// confirmed position; a failure discards the whole session (docs/architecture.md
 // invariant 3).
 type Relay struct {
 	cfg     config.Config
@@ -366,7 +366,7 @@ func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Dura
 }
 
 // adopt creates the slot and publishes every row with published_at IS NULL
-// from its exported snapshot before streaming starts (DESIGN.md invariant
+// from its exported snapshot before streaming starts (docs/architecture.md invariant
 // 7). It returns the slot's consistent point.
 func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, link *publish.Link, locked bool) (pglogrepl.LSN, error) {
 	if !locked {
@@ -388,7 +388,7 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	drained := make(chan struct{})
 	var n int
 	// A stop ends the adoption at once, even a publish blocked in a socket
-	// write (invariant 5, docs/reliability.md); it starts again next time.
+	// write (invariant 5, docs/architecture.md); it starts again next time.
 	defer context.AfterFunc(ctx, link.Abort)()
 	g, gctx := errgroup.WithContext(ctx)
 	backlogAcks := newAcks(gctx, seq, r.marker)
@@ -428,7 +428,7 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	defer stopDrain()
 	// When hard ends the session, a publish blocked in a socket write (a
 	// broker that stopped reading) would still hold it: close the socket
-	// (invariant 5, docs/reliability.md).
+	// (invariant 5, docs/architecture.md).
 	defer context.AfterFunc(hard, link.Abort)()
 
 	marks := slot.NewWatermark(start)

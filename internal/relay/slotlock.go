@@ -85,7 +85,7 @@ func serverMajor(c *pgconn.PgConn) int {
 // acquire takes the slot lock on db. While another relay holds it, this
 // one is the hot standby: it waits in one blocking statement, sending
 // nothing and opening nothing, and goes on the moment the holder's session
-// ends (invariant 8, docs/reliability.md).
+// ends (invariant 8, docs/architecture.md).
 func (r *Relay) acquire(ctx context.Context, db *pgx.Conn) error {
 	previous := r.lockPID.Swap(db.PgConn().PID())
 	ok, err := slot.TryLock(ctx, db, r.cfg.Slot)

@@ -38,7 +38,7 @@ type Sequencer interface{ Event() uint64 }
 // point and every streamed transaction commits after it, so consumers see
 // one order. out is closed when Backfill returns.
 //
-// Memory is bounded by bytes, not rows (invariant 6, docs/reliability.md):
+// Memory is bounded by bytes, not rows (invariant 6, docs/architecture.md):
 // each row is sent to out as soon as it is read, before the next is read,
 // so Backfill holds one row whatever its neighbours' sizes, and out's
 // reader takes the byte budget. A row larger than m.MaxMessageBytes is

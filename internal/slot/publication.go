@@ -13,7 +13,7 @@ import (
 // ErrPublication means the publication does not carry exactly the outbox
 // table's inserts, or the table is not where the configuration says. The
 // relay refuses to stream rather than confirm past rows it cannot
-// classify (invariant 9, docs/reliability.md); no retry can fix it.
+// classify (invariant 9, docs/architecture.md); no retry can fix it.
 var ErrPublication = errors.New("the publication does not publish exactly the outbox table")
 
 // Relation is a table as the catalog knows it.

@@ -14,7 +14,7 @@ import (
 // acks (Ack) in any order. Position returns the end LSN of the newest
 // transaction whose events, and all events before them, are acknowledged.
 //
-// Invariants (see DESIGN.md, 1 and 2):
+// Invariants (see docs/architecture.md, 1 and 2):
 //   - a mark (commit or keepalive LSN) is released only when every event
 //     with a lower sequence number has been acked;
 //   - a keepalive LSN is recorded only when no transaction is open, so it

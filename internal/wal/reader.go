@@ -29,7 +29,7 @@ type Marks interface {
 // publisher through Out and reports the acknowledged position back to the
 // server. It never blocks on the broker: when Out is full it stops reading
 // but keeps sending status updates, so the walsender is not killed for a
-// slow broker (DESIGN.md invariant 5).
+// slow broker (docs/architecture.md invariant 5).
 type Reader struct {
 	Conn    *pgconn.PgConn
 	Decoder *Decoder
@@ -39,7 +39,7 @@ type Reader struct {
 	// publisher: the reader takes an event's Weight before sending it to
 	// Out and the publisher gives it back once the event is confirmed or
 	// parked, so decoded events waiting in Out count against the same bound
-	// as those in flight (invariant 6, docs/reliability.md).
+	// as those in flight (invariant 6, docs/architecture.md).
 	Budget      Budget
 	BudgetBytes int64
 
