@@ -47,7 +47,7 @@ func Unsendable(exchange, key string, msg *amqp.Publishing, frameMax int) string
 	}
 	size := contentHeaderFixed + propertiesSize(msg)
 	if len(msg.Headers) > 0 {
-		n, reason := tableSize(msg.Headers, "headers")
+		n, reason := tableSize(msg.Headers, func() string { return "headers" })
 		if reason != "" {
 			return reason
 		}
@@ -87,12 +87,14 @@ func propertiesSize(msg *amqp.Publishing) int {
 // tableSize is the encoded size of a table's entries (writeTable, without
 // its 4-byte length), or why it cannot be encoded. path names the table
 // in the reason, with over-long keys clipped.
-func tableSize(t amqp.Table, path string) (int, string) {
+func tableSize(t amqp.Table, path func() string) (int, string) {
 	n := 0
 	for k, v := range t {
-		at := path + "[" + fmt.Sprintf("%q", Clip(k)) + "]"
+		// The path names a value only in a reason: built on failure, never
+		// on the path every message takes.
+		at := func() string { return path() + "[" + fmt.Sprintf("%q", Clip(k)) + "]" }
 		if len(k) > maxShortString {
-			return 0, fmt.Sprintf("header key %s is %d bytes; AMQP allows %d", at, len(k), maxShortString)
+			return 0, fmt.Sprintf("header key %s is %d bytes; AMQP allows %d", at(), len(k), maxShortString)
 		}
 		f, reason := fieldSize(v, at)
 		if reason != "" {
@@ -105,7 +107,7 @@ func tableSize(t amqp.Table, path string) (int, string) {
 
 // fieldSize is the encoded size of one table or array value, type octet
 // included (writeField), or why amqp091-go refuses it.
-func fieldSize(v any, path string) (int, string) {
+func fieldSize(v any, path func() string) (int, string) {
 	switch x := v.(type) {
 	case nil:
 		return 1, ""
@@ -126,7 +128,7 @@ func fieldSize(v any, path string) (int, string) {
 	case []any:
 		n := 5
 		for i, e := range x {
-			f, reason := fieldSize(e, fmt.Sprintf("%s[%d]", path, i))
+			f, reason := fieldSize(e, func() string { return fmt.Sprintf("%s[%d]", path(), i) })
 			if reason != "" {
 				return 0, reason
 			}
@@ -137,7 +139,7 @@ func fieldSize(v any, path string) (int, string) {
 		n, reason := tableSize(x, path)
 		return 1 + 4 + n, reason
 	default:
-		return 0, fmt.Sprintf("header %s has type %T, which AMQP tables cannot carry", path, v)
+		return 0, fmt.Sprintf("header %s has type %T, which AMQP tables cannot carry", path(), v)
 	}
 }
 
