@@ -491,22 +491,18 @@ func newAcks(ctx context.Context, marks *slot.Watermark, marker Marker) acks {
 }
 
 func (a acks) Ack(seq uint64, id string) {
-	if a.count != nil {
-		a.count.Inc()
-	}
-	if a.marker == nil {
-		a.marks.Ack(seq)
-		return
-	}
-	a.open.Add(1)
-	if a.marker.Mark(a.ctx, id, a.done(seq)) != nil {
-		a.open.Add(-1) // the session is ending; the slot stays before this event
-	}
+	a.hand(seq, func(done func()) error { return a.marker.Mark(a.ctx, id, done) })
 }
 
 // Parked moves the watermark past a poison event once it is recorded on
 // its row (or recording proved impossible): never published as is.
 func (a acks) Parked(seq uint64, id, reason string) {
+	a.hand(seq, func(done func()) error { return a.marker.Park(a.ctx, id, reason, done) })
+}
+
+// hand gives event seq to the marker through give, whose done callback
+// acks the watermark; without a marker the watermark is acked at once.
+func (a acks) hand(seq uint64, give func(done func()) error) {
 	if a.count != nil {
 		a.count.Inc()
 	}
@@ -515,8 +511,8 @@ func (a acks) Parked(seq uint64, id, reason string) {
 		return
 	}
 	a.open.Add(1)
-	if a.marker.Park(a.ctx, id, reason, a.done(seq)) != nil {
-		a.open.Add(-1)
+	if give(a.done(seq)) != nil {
+		a.open.Add(-1) // the session is ending; the slot stays before this event
 	}
 }
 
