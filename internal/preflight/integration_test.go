@@ -16,6 +16,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -224,8 +225,40 @@ func TestCheckRealCluster(t *testing.T) {
 			`DROP PUBLICATION cdcrelay_outbox`,
 			`CREATE PUBLICATION cdcrelay_outbox FOR TABLE event_outbox WITH (publish = 'insert,update')`,
 		).check(nil)
-		want(t, fs, [2]string{"publication", "also publishes update:"})
-		has(t, fs, "publication", preflight.Error, "remedy:ALTER PUBLICATION cdcrelay_outbox SET (publish = 'insert');")
+		want(t, fs)
+		has(t, fs, "publication", preflight.Warn, "also publishes update: the relay works, but the walsender decodes every such change")
+		has(t, fs, "publication", preflight.Warn, "remedy:ALTER PUBLICATION cdcrelay_outbox SET (publish = 'insert');")
+	})
+
+	t.Run("publication of every operation", func(t *testing.T) {
+		t.Parallel()
+		// CREATE PUBLICATION's default: insert, update, delete, truncate.
+		// run streams it (it skips what is not an insert), so check warns
+		// about the cost and does not fail.
+		f := newFixture(t, pg, amqpURL,
+			`DROP PUBLICATION cdcrelay_outbox`,
+			`CREATE PUBLICATION cdcrelay_outbox FOR TABLE event_outbox`,
+		)
+		fs, _ := f.check(nil)
+		want(t, fs)
+		has(t, fs, "publication", preflight.Warn, "also publishes update, delete, truncate: the relay works, but the walsender decodes every such change")
+		has(t, fs, "publication", preflight.Warn, "remedy:ALTER PUBLICATION cdcrelay_outbox SET (publish = 'insert');")
+		// The check run makes at every start agrees.
+		ctx := context.Background()
+		target := slot.Target{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}
+		if _, err := slot.VerifyPublication(ctx, f.admin, target); err != nil {
+			t.Fatalf("run would refuse the publication check passes: %v", err)
+		}
+	})
+
+	t.Run("target_session_attrs=read-write", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, pg, amqpURL)
+		fs, _ := f.check(map[string]string{"DATABASE_URL": f.url() + "&target_session_attrs=read-write"})
+		want(t, fs)
+		has(t, fs, "database", preflight.OK, "connected to")
+		has(t, fs, "replication connection", preflight.OK, "works")
+		has(t, fs, "slot_lock", preflight.OK, "reachable for the slot lock")
 	})
 
 	t.Run("publication of other tables too", func(t *testing.T) {
@@ -357,6 +390,26 @@ func TestCheckRealCluster(t *testing.T) {
 		missing := testenv.UniqueName("cdcrelay.nosuch")
 		fs, _ := f.check(map[string]string{"EXCHANGE": missing})
 		want(t, fs, [2]string{"exchange", `exchange "` + missing + `" does not exist on vhost`})
+	})
+
+	t.Run("superuser without the table", func(t *testing.T) {
+		t.Parallel()
+		// A database the schema was never applied to: neither table nor
+		// publication. Nothing may blame the role's privileges.
+		f := newFixture(t, pg, amqpURL, `DROP PUBLICATION cdcrelay_outbox`, `DROP TABLE event_outbox`)
+		fs, _ := f.check(map[string]string{"DATABASE_URL": pg.URL(f.database)})
+		want(t, fs,
+			[2]string{"table", "table public.event_outbox does not exist in database " + f.database},
+			[2]string{"publication", "publication cdcrelay_outbox does not exist, nor does table public.event_outbox it must publish"})
+		has(t, fs, "privileges", preflight.OK, "is a superuser")
+		has(t, fs, "table", preflight.Error, "remedy:cdcrelay migrate")
+		for _, f := range fs {
+			for _, blame := range []string{"cannot create", "lacks", "privilege", "GRANT"} {
+				if f.Severity != preflight.OK && strings.Contains(f.Message+f.Remedy, blame) {
+					t.Errorf("%s finding blames privileges (%q): %s %s", f.Check, blame, f.Message, f.Remedy)
+				}
+			}
+		}
 	})
 
 	t.Run("superuser", func(t *testing.T) {
