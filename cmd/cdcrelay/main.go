@@ -25,6 +25,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/failpoint"
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/migrations"
@@ -205,7 +206,7 @@ func migrate(ctx context.Context, stderr io.Writer) error {
 	}
 	db, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return fmt.Errorf("connect to database: %w", err)
+		return fmt.Errorf("connect to database: %w", pgerr.Connect(err))
 	}
 	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
 	// The files name public.event_outbox and cdcrelay_outbox; migrate

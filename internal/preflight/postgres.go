@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
 // failed is the finding for a check that could not run.
@@ -154,7 +155,7 @@ func newTarget(cfg config.Config) (target, error) {
 // connectFailed turns a connection error into a finding whose remedy fits
 // the cause. where is the redacted URL.
 func connectFailed(check, where string, err error) Finding {
-	f := Finding{Check: check, Severity: Error, Message: fmt.Sprintf("cannot connect to %s: %v", where, err)}
+	f := Finding{Check: check, Severity: Error, Message: fmt.Sprintf("cannot connect to %s: %v", where, pgerr.Connect(err))}
 	var pgErr *pgconn.PgError
 	code := ""
 	if errors.As(err, &pgErr) {
