@@ -86,13 +86,13 @@ func TestConnectLeadsWithTheCause(t *testing.T) {
 
 	t.Run("one attempt unchanged", func(t *testing.T) {
 		raw := connect(ctx, t, pg.URL("no_such_db")) // sslmode=disable: one attempt
-		if err := Connect(raw); err != raw {
+		if err := Connect(raw); !errors.Is(err, raw) || err.Error() != raw.Error() {
 			t.Fatalf("Connect changed %v into %v", raw, err)
 		}
 	})
 	t.Run("not a connection error", func(t *testing.T) {
 		other := errors.New("something else")
-		if err := Connect(other); err != other {
+		if err := Connect(other); !errors.Is(err, other) || err.Error() != other.Error() {
 			t.Fatalf("Connect changed %v", err)
 		}
 	})
