@@ -2,8 +2,12 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +28,8 @@ func TestMain(m *testing.M) {
 // of it. It uses whichever hierarchy carries the memory controller on this
 // machine: cgroup v2 (memory.max) or v1 (memory.limit_in_bytes). It needs
 // root and a writable cgroup mount; without them it fails rather than
-// pretend.
+// pretend. The same process shows the start-up warning about an unknown
+// variable and serves cdcrelay_build_info.
 func TestMemoryLimitInRealCgroup(t *testing.T) {
 	dir, limitFile := newMemoryCgroup(t)
 	const limit = 256 << 20
@@ -54,6 +59,27 @@ func TestMemoryLimitInRealCgroup(t *testing.T) {
 	}
 	if !strings.Contains(p.Log.String(), "CDCRELAY_POISSON (did you mean CDCRELAY_POISON?)") {
 		t.Errorf("no warning about CDCRELAY_POISSON in:\n%s", p.Log.String())
+	}
+	// The same process serves cdcrelay_build_info on its real registry.
+	addr := regexp.MustCompile(`http=(127\.0\.0\.1:\d+)`)
+	for addr.FindStringSubmatch(p.Log.String()) == nil {
+		if exited, err := p.Exited(); exited || time.Now().After(deadline) {
+			t.Fatalf("no listening address in the relay's log (exited %v: %v):\n%s", exited, err, p.Log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	resp, err := http.Get("http://" + addr.FindStringSubmatch(p.Log.String())[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = fmt.Sprintf(`cdcrelay_build_info{goversion=%q,version="dev"} 1`, runtime.Version())
+	if !strings.Contains(string(body), want) {
+		t.Errorf("/metrics lacks %s", want)
 	}
 }
 
