@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -392,6 +394,55 @@ func TestCheckRealCluster(t *testing.T) {
 		want(t, fs, [2]string{"exchange", `exchange "` + missing + `" does not exist on vhost`})
 	})
 
+	t.Run("missing dead-letter exchange", func(t *testing.T) {
+		t.Parallel()
+		// run checks the dead-letter exchange at every connect and does not
+		// start without it: check must say so too.
+		f := newFixture(t, pg, amqpURL)
+		missing := testenv.UniqueName("cdcrelay.nodlx")
+		fs, _ := f.check(map[string]string{"DEAD_LETTER_EXCHANGE": missing})
+		want(t, fs, [2]string{"exchange", `exchange "` + missing + `" does not exist on vhost`})
+		has(t, fs, "exchange", preflight.Error, "remedy:or set CDCRELAY_DEAD_LETTER_EXCHANGE")
+		has(t, fs, "exchange", preflight.OK, `exchange "`+f.exchange+`" exists`)
+	})
+
+	t.Run("amqps with a private CA and a client certificate", func(t *testing.T) {
+		t.Parallel()
+		// The files run uses (CDCRELAY_AMQP_TLS_*): check must use them too.
+		ca, err := testenv.NewCA("cdcrelay check CA")
+		if err != nil {
+			t.Fatal(err)
+		}
+		certPEM, keyPEM, err := ca.Issue("127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		term, err := testenv.NewTLSTerminator(brokerHostPort(t, amqpURL), certPEM, keyPEM, ca.PEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = term.Close() })
+		dir := t.TempDir()
+		write := func(name string, b []byte) string {
+			p := filepath.Join(dir, name)
+			if err := os.WriteFile(p, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		u, err := url.Parse(amqpURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Scheme, u.Host = "amqps", term.Addr()
+		f := newFixture(t, pg, amqpURL)
+		fs, _ := f.check(map[string]string{"AMQP_URL": u.String(),
+			"AMQP_TLS_CA": write("ca.pem", ca.PEM), "AMQP_TLS_CERT": write("client.crt", certPEM), "AMQP_TLS_KEY": write("client.key", keyPEM)})
+		want(t, fs)
+		has(t, fs, "broker", preflight.OK, "connected to amqps://")
+		has(t, fs, "exchange", preflight.OK, "exists")
+	})
+
 	t.Run("superuser without the table", func(t *testing.T) {
 		t.Parallel()
 		// A database the schema was never applied to: neither table nor
@@ -419,6 +470,16 @@ func TestCheckRealCluster(t *testing.T) {
 		want(t, fs)
 		has(t, fs, "privileges", preflight.OK, "is a superuser")
 	})
+}
+
+// brokerHostPort is the host:port of an amqp:// URL.
+func brokerHostPort(t *testing.T, amqpURL string) string {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
 }
 
 // stream holds the slot active the way the relay does, until the test ends.
