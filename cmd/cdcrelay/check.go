@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
@@ -18,8 +20,25 @@ func check(ctx context.Context, stdout, _ io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("configuration:\n%w", err)
 	}
-	if n := preflight.Write(stdout, preflight.Run(ctx, cfg, preflight.Options{})); n > 0 {
+	fs := append(configFindings(os.Environ()), preflight.Run(ctx, cfg, preflight.Options{})...)
+	if n := preflight.Write(stdout, fs); n > 0 {
 		return fmt.Errorf("check: %d error(s); see the remedies above", n)
 	}
 	return nil
+}
+
+// configFindings reports the CDCRELAY_* variables run would warn about
+// and ignore, as a warning: the relay still starts.
+func configFindings(environ []string) []preflight.Finding {
+	unknown := unknownVariables(environ)
+	if len(unknown) == 0 {
+		return []preflight.Finding{{Check: "configuration", Message: "every CDCRELAY_* variable set is one the relay reads"}}
+	}
+	names := make([]string, len(unknown))
+	for i, u := range unknown {
+		names[i] = u.String()
+	}
+	return []preflight.Finding{{Check: "configuration", Severity: preflight.Warn,
+		Message: "unknown variables, ignored (their settings stay at the default): " + strings.Join(names, ", "),
+		Remedy:  "fix or remove them; README.md, Configuration, lists every variable"}}
 }

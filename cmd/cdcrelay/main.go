@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,6 +24,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/failpoint"
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/migrations"
@@ -97,8 +101,10 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 	if err := cfg.RequireBroker(); err != nil {
 		return fmt.Errorf("configuration:\n%w", err)
 	}
+	warnUnknown(log, os.Environ())
+	setMemoryLimit(log, os.Getenv, systemCgroup)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	svc, err := relay.NewService(cfg, log, reg)
 	if err != nil {
 		return err
@@ -129,6 +135,42 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 	err = g.Wait()
 	log.Info("exiting", "error", err)
 	return err
+}
+
+// buildInfo is cdcrelay_build_info{version,goversion} = 1: the usual way
+// to tell in Prometheus which version each pod runs.
+func buildInfo() prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "cdcrelay_build_info",
+		Help: "Always 1; the labels give the relay's version and the Go version it was built with.",
+	}, []string{"version", "goversion"})
+	g.WithLabelValues(version, runtime.Version()).Set(1)
+	return g
+}
+
+// unknownVariables are the CDCRELAY_* variables of environ the relay does
+// not read (failpoint builds read CDCRELAY_FAILPOINT too).
+func unknownVariables(environ []string) []config.UnknownVariable {
+	var extra []string
+	if failpoint.Enabled {
+		extra = append(extra, failpoint.Env)
+	}
+	return config.Unknown(environ, extra...)
+}
+
+// warnUnknown logs one warning listing the CDCRELAY_* variables the relay
+// does not read: a misspelt one leaves its setting at the default.
+func warnUnknown(log *slog.Logger, environ []string) {
+	unknown := unknownVariables(environ)
+	if len(unknown) == 0 {
+		return
+	}
+	names := make([]string, len(unknown))
+	for i, u := range unknown {
+		names[i] = u.String()
+	}
+	log.Warn("ignoring unknown CDCRELAY_* environment variables (a misspelt name leaves its setting at the default)",
+		"variables", strings.Join(names, ", "))
 }
 
 func httpHandler(reg *prometheus.Registry, r *relay.Relay) http.Handler {
@@ -164,7 +206,7 @@ func migrate(ctx context.Context, stderr io.Writer) error {
 	}
 	db, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return fmt.Errorf("connect to database: %w", err)
+		return fmt.Errorf("connect to database: %w", pgerr.Connect(err))
 	}
 	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
 	// The files name public.event_outbox and cdcrelay_outbox; migrate

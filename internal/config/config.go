@@ -13,6 +13,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -93,10 +94,14 @@ func Load(ctx context.Context) (Config, error) {
 }
 
 // LoadFrom reads the configuration through l, which sees variable names with
-// Prefix. Each variable is decoded on its own first, so that one bad value
-// does not hide the next and every message names the variable.
+// Prefix. Every problem is reported in one error, one line each naming its
+// variable: a value that does not decode, a secret file that cannot be read,
+// a value that decodes but makes no sense. A value that does not decode is
+// left at its default for the later checks, so one bad value neither hides
+// the next nor is reported twice.
 func LoadFrom(ctx context.Context, l envconfig.Lookuper) (Config, error) {
 	var problems []string
+	good := map[string]string{}
 	for _, key := range keys() {
 		v, ok := l.Lookup(Prefix + key)
 		if !ok {
@@ -112,23 +117,62 @@ func LoadFrom(ctx context.Context, l envconfig.Lookuper) (Config, error) {
 				err = inner
 			}
 			problems = append(problems, fmt.Sprintf("%s%s: %v", Prefix, key, err))
+			continue
 		}
-	}
-	if len(problems) > 0 {
-		return Config{}, &Error{Problems: problems}
+		good[key] = v
 	}
 	var c Config
-	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &c, Lookuper: envconfig.PrefixLookuper(Prefix, l)}); err != nil {
-		return Config{}, &Error{Problems: []string{err.Error()}}
+	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &c, Lookuper: envconfig.MapLookuper(good)}); err != nil {
+		problems = append(problems, err.Error())
 	}
-	if err := c.resolveFiles(); err != nil {
-		return Config{}, err
-	}
-	if err := c.Validate(); err != nil {
-		return Config{}, err
+	problems = append(problems, c.resolveFiles()...)
+	problems = append(problems, c.validate()...)
+	if p := firstPerVariable(problems); len(p) > 0 {
+		return Config{}, &Error{Problems: p}
 	}
 	c.resolveNames()
 	return c, nil
+}
+
+// firstPerVariable keeps the first problem reported for each variable (a
+// URL and its _FILE counting as one), in the order of Config's fields: a
+// variable whose value did not decode, or whose file could not be read, is
+// checked again at its default or empty value, and that second finding
+// ("required", "must be positive") would only mislead.
+func firstPerVariable(problems []string) []string {
+	order := map[string]int{}
+	for i, k := range keys() {
+		order[Prefix+k] = i
+	}
+	variable := func(p string) string {
+		end := strings.IndexAny(p, ": ")
+		if end < 0 {
+			return p
+		}
+		return strings.TrimSuffix(p[:end], "_FILE")
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, p := range problems {
+		v := variable(p)
+		if seen[v] {
+			continue
+		}
+		seen[v] = true
+		out = append(out, p)
+	}
+	slices.SortStableFunc(out, func(a, b string) int {
+		ia, oka := order[variable(a)]
+		ib, okb := order[variable(b)]
+		if !oka {
+			ia = len(order)
+		}
+		if !okb {
+			ib = len(order)
+		}
+		return ia - ib
+	})
+	return out
 }
 
 // name is a configured SQL identifier.
@@ -171,8 +215,9 @@ func keys() []string {
 	return out
 }
 
-// resolveFiles reads secrets given as files (mounted Kubernetes secrets).
-func (c *Config) resolveFiles() error {
+// resolveFiles reads secrets given as files (mounted Kubernetes secrets)
+// and returns one problem per file that could not be used.
+func (c *Config) resolveFiles() []string {
 	var problems []string
 	read := func(name string, value *string, file string) {
 		if file == "" {
@@ -191,10 +236,7 @@ func (c *Config) resolveFiles() error {
 	}
 	read("DATABASE_URL", &c.DatabaseURL, c.DatabaseURLFile)
 	read("AMQP_URL", &c.AMQPURL, c.AMQPURLFile)
-	if len(problems) > 0 {
-		return &Error{Problems: problems}
-	}
-	return nil
+	return problems
 }
 
 var slotRe = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -202,6 +244,14 @@ var slotRe = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 // Validate checks values that decode but make no sense. Messages never
 // include a secret.
 func (c *Config) Validate() error {
+	if p := c.validate(); len(p) > 0 {
+		return &Error{Problems: p}
+	}
+	return nil
+}
+
+// validate returns one problem per bad value, each naming its variable.
+func (c *Config) validate() []string {
 	var p []string
 	bad := func(key, format string, args ...any) {
 		p = append(p, fmt.Sprintf("%s%s: %s", Prefix, key, fmt.Sprintf(format, args...)))
@@ -234,6 +284,9 @@ func (c *Config) Validate() error {
 		bad("SLOT", "%q: slot names are 1 to 63 of a-z, 0-9 and _", c.Slot)
 	} else if err := slot.CheckName(c.Slot); err != nil {
 		bad("SLOT", "%v", err)
+	}
+	if err := checkListenAddr(c.HTTPAddr); err != nil {
+		bad("HTTP_ADDR", "%v", err)
 	}
 	if c.LockDatabase == "" {
 		bad("LOCK_DATABASE", "must not be empty (the database the relay holds and waits for the slot lock in, postgres by default)")
@@ -297,10 +350,7 @@ func (c *Config) Validate() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		bad("LOG_FORMAT", "%q: want text or json", c.LogFormat)
 	}
-	if len(p) > 0 {
-		return &Error{Problems: p}
-	}
-	return nil
+	return p
 }
 
 // AMQPTLS builds the TLS configuration for amqps:// from the CA and client

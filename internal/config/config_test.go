@@ -158,3 +158,46 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// TestAllProblemsAtOnce: decode errors, unreadable files and values that
+// decode but make no sense come back together, one line per variable, each
+// line naming its variable once.
+func TestAllProblemsAtOnce(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "absent")
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want []string // line prefixes, in this order
+	}{
+		{"decode and validate together", map[string]string{
+			"DATABASE_URL": "postgres://u@db/app", "MAX_IN_FLIGHT": "lots", "POISON": "ignore", "HTTP_ADDR": "8080",
+		}, []string{"CDCRELAY_HTTP_ADDR:", "CDCRELAY_MAX_IN_FLIGHT:", "CDCRELAY_POISON:"}},
+		{"file, decode and validate together", map[string]string{
+			"DATABASE_URL_FILE": missing, "RETENTION": "a week", "SLOT": "Bad-Slot", "LOG_FORMAT": "xml",
+		}, []string{"CDCRELAY_DATABASE_URL_FILE:", "CDCRELAY_SLOT:", "CDCRELAY_RETENTION:", "CDCRELAY_LOG_FORMAT:"}},
+		{"a value that does not decode is not also out of range", map[string]string{
+			"DATABASE_URL": "postgres://u@db/app", "CONFIRM_TIMEOUT": "-", "BACKOFF_MIN": "soon", "MARK_BATCH": "0",
+		}, []string{"CDCRELAY_CONFIRM_TIMEOUT:", "CDCRELAY_BACKOFF_MIN:", "CDCRELAY_MARK_BATCH:"}},
+		{"both URL and file", map[string]string{
+			"DATABASE_URL": "postgres://u@db/app", "DATABASE_URL_FILE": missing, "AMQP_URL": "http://mq/",
+		}, []string{"CDCRELAY_DATABASE_URL and CDCRELAY_DATABASE_URL_FILE are both set", "CDCRELAY_AMQP_URL:"}},
+		{"missing URL with a bad value", map[string]string{"PUBLISH_CHANNELS": "100"},
+			[]string{"CDCRELAY_DATABASE_URL: required", "CDCRELAY_PUBLISH_CHANNELS:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, tc.env)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if len(lines) != len(tc.want) {
+				t.Fatalf("%d lines, want %d:\n%s", len(lines), len(tc.want), err)
+			}
+			for i, want := range tc.want {
+				if !strings.HasPrefix(lines[i], want) {
+					t.Errorf("line %d = %q, want it to start with %q", i+1, lines[i], want)
+				}
+			}
+		})
+	}
+}

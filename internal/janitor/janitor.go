@@ -22,6 +22,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
 // Options configure a Janitor.
@@ -307,7 +309,7 @@ func (j *Janitor) connect(ctx context.Context) error {
 	defer cancel()
 	db, err := pgx.Connect(cctx, j.opts.DatabaseURL)
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return fmt.Errorf("connect: %w", pgerr.Connect(err))
 	}
 	j.db = db
 	return nil

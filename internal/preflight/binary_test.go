@@ -26,7 +26,7 @@ func TestCheckBinary(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{Settings: map[string]string{"max_slot_wal_keep_size": "1GB"}})
 
-	run := func(t *testing.T, f *fixture, args ...string) (code int, stdout, stderr string) {
+	runWith := func(t *testing.T, f *fixture, extra map[string]string, args ...string) (code int, stdout, stderr string) {
 		t.Helper()
 		cmd := exec.Command(bin, args...)
 		for _, kv := range os.Environ() {
@@ -34,7 +34,7 @@ func TestCheckBinary(t *testing.T) {
 				cmd.Env = append(cmd.Env, kv)
 			}
 		}
-		for k, v := range f.vars(nil) {
+		for k, v := range f.vars(extra) {
 			cmd.Env = append(cmd.Env, config.Prefix+k+"="+v)
 		}
 		var o, e bytes.Buffer
@@ -53,6 +53,10 @@ func TestCheckBinary(t *testing.T) {
 		}
 		return code, o.String(), e.String()
 	}
+	run := func(t *testing.T, f *fixture, args ...string) (code int, stdout, stderr string) {
+		t.Helper()
+		return runWith(t, f, nil, args...)
+	}
 
 	t.Run("good", func(t *testing.T) {
 		code, stdout, _ := run(t, newFixture(t, pg, amqpURL), "check")
@@ -64,6 +68,20 @@ func TestCheckBinary(t *testing.T) {
 		code, stdout, stderr := run(t, newFixture(t, pg, amqpURL, `DROP PUBLICATION cdcrelay_outbox`), "check")
 		if code != 1 || !strings.Contains(stdout, "ERROR  publication") || !strings.Contains(stderr, "cdcrelay: check: 1 error(s)") {
 			t.Fatalf("exit %d", code)
+		}
+	})
+	t.Run("unknown variable", func(t *testing.T) {
+		code, stdout, _ := runWith(t, newFixture(t, pg, amqpURL), map[string]string{"POISSON": "stop"}, "check")
+		if code != 0 || !strings.Contains(stdout, "WARN   configuration") || !strings.Contains(stdout, "CDCRELAY_POISSON (did you mean CDCRELAY_POISON?)") {
+			t.Fatalf("exit %d, want 0 with a configuration warning naming CDCRELAY_POISSON", code)
+		}
+	})
+	t.Run("every configuration problem at once", func(t *testing.T) {
+		code, _, stderr := runWith(t, newFixture(t, pg, amqpURL), map[string]string{"POISON": "ignore", "HTTP_ADDR": "8080", "MAX_IN_FLIGHT": "lots"}, "check")
+		for _, want := range []string{"\nCDCRELAY_HTTP_ADDR: ", "\nCDCRELAY_MAX_IN_FLIGHT: ", "\nCDCRELAY_POISON: "} {
+			if code != 1 || !strings.Contains(stderr, want) {
+				t.Errorf("exit %d, want 1 with a line starting %q", code, strings.TrimPrefix(want, "\n"))
+			}
 		}
 	})
 	t.Run("usage", func(t *testing.T) {

@@ -26,6 +26,13 @@ func brokerChecks(ctx context.Context, cfg config.Config, opts Options) []Findin
 			Remedy: "use amqp://user:password@host:5672/vhost or amqps://…, with reserved characters in the password percent-encoded"}}
 	}
 	where := config.Redact(cfg.AMQPURL)
+	// The CA and client certificate run uses: without them check would
+	// fail against a broker signed by a private CA that run accepts.
+	tlsConfig, err := cfg.AMQPTLS()
+	if err != nil {
+		return []Finding{{Check: checkBroker, Severity: Error, Message: fmt.Sprintf("broker TLS files: %v", err),
+			Remedy: "point CDCRELAY_AMQP_TLS_CA, CDCRELAY_AMQP_TLS_CERT and CDCRELAY_AMQP_TLS_KEY at readable PEM files"}}
+	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
@@ -33,8 +40,9 @@ func brokerChecks(ctx context.Context, cfg config.Config, opts Options) []Findin
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(checkApplicationName)
 	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{
-		Properties: props,
-		Locale:     "en_US",
+		Properties:      props,
+		Locale:          "en_US",
+		TLSClientConfig: tlsConfig,
 		Dial: func(network, addr string) (net.Conn, error) {
 			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 			if err != nil {
@@ -56,7 +64,12 @@ func brokerChecks(ctx context.Context, cfg config.Config, opts Options) []Findin
 	version, _ := conn.Properties["version"].(string)
 	product, _ := conn.Properties["product"].(string)
 	fs := []Finding{{Check: checkBroker, Message: fmt.Sprintf("connected to %s (%s %s)", where, product, version)}}
-	return append(fs, checkExchangeExists(conn, cfg.Exchange, uri))
+	fs = append(fs, checkExchangeExists(conn, cfg.Exchange, uri, "CDCRELAY_EXCHANGE"))
+	if cfg.DeadLetterExchange != "" {
+		// run checks it at every connect too, and does not start without it.
+		fs = append(fs, checkExchangeExists(conn, cfg.DeadLetterExchange, uri, "CDCRELAY_DEAD_LETTER_EXCHANGE"))
+	}
+	return fs
 }
 
 func brokerDialFailed(where string, uri amqp.URI, err error) Finding {
@@ -75,7 +88,9 @@ func brokerDialFailed(where string, uri amqp.URI, err error) Finding {
 	return f
 }
 
-func checkExchangeExists(conn *amqp.Connection, exchange string, uri amqp.URI) Finding {
+// checkExchangeExists checks exchange passively; variable is the
+// CDCRELAY_ variable that names it.
+func checkExchangeExists(conn *amqp.Connection, exchange string, uri amqp.URI, variable string) Finding {
 	f := Finding{Check: checkExchange}
 	if exchange == "" {
 		f.Message = "the default exchange (CDCRELAY_EXCHANGE is empty): routing keys are queue names"
@@ -96,7 +111,7 @@ func checkExchangeExists(conn *amqp.Connection, exchange string, uri amqp.URI) F
 	case errors.As(err, &aerr) && aerr.Code == amqp.NotFound:
 		f.Severity = Error
 		f.Message = fmt.Sprintf("exchange %q does not exist on vhost %q: the relay does not declare topology and will not start", exchange, uri.Vhost)
-		f.Remedy = fmt.Sprintf("declare it durable in your broker definitions (e.g. rabbitmqadmin -V %s declare exchange name=%s type=topic durable=true), or set CDCRELAY_EXCHANGE", uri.Vhost, exchange)
+		f.Remedy = fmt.Sprintf("declare it durable in your broker definitions (e.g. rabbitmqadmin -V %s declare exchange name=%s type=topic durable=true), or set %s", uri.Vhost, exchange, variable)
 	case errors.As(err, &aerr) && aerr.Code == amqp.AccessRefused:
 		f.Severity = Error
 		f.Message = fmt.Sprintf("user %s may not use exchange %q: %v", uri.Username, exchange, err)

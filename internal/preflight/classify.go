@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // This file turns facts read from the server into findings. It does no I/O,
@@ -35,6 +37,7 @@ type target struct {
 	database, role         string // current_database(), current_user
 	id, key, payload       string // required columns
 	headers, exch, msgType string // optional columns ("" = not configured)
+	slotLost               string // CDCRELAY_SLOT_LOST
 }
 
 // qualified is the table's name as SQL, parts quoted where needed.
@@ -237,9 +240,11 @@ func classifyTable(t target, tf tableFacts) Finding {
 	case "p":
 		f.Message = fmt.Sprintf("%s exists, partitioned (owner %s)", t.qualified(), tf.owner)
 	case "":
+		// Whatever the role may do: a missing table is not a privilege
+		// problem (pg_class lists every table to every role).
 		f.Severity = Error
-		f.Message = fmt.Sprintf("%s does not exist", t.qualified())
-		f.Remedy = "run `cdcrelay migrate` as the schema owner, or set CDCRELAY_TABLE to the outbox table"
+		f.Message = fmt.Sprintf("table %s does not exist in database %s", t.qualified(), t.database)
+		f.Remedy = "run `cdcrelay migrate` (as the schema owner) against this database, or point CDCRELAY_DATABASE_URL at the service's database, or set CDCRELAY_TABLE to the outbox table"
 	default:
 		f.Severity = Error
 		f.Message = fmt.Sprintf("%s is not a table (relkind %s): only a table's inserts are decoded", t.qualified(), tf.kind)
@@ -360,9 +365,18 @@ func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
 		f := Finding{Check: checkPublication, Severity: Error,
 			Message: fmt.Sprintf("publication %s does not exist", t.publication),
 			Remedy:  fmt.Sprintf("run `cdcrelay migrate` as the owner of %s, or: %s", t.qualified(), t.createPublicationSQL(tf.kind))}
-		if p.canCreate {
+		switch {
+		case tf.kind == "":
+			// The table finding says why; no role could create a
+			// publication of a table that is not there.
+			f.Message += fmt.Sprintf(", nor does table %s it must publish", t.qualified())
+			f.Remedy = "run `cdcrelay migrate` (as the schema owner) against this database: it creates both"
+		case p.canCreate:
+			// run creates it at start, as this role may: it works, so
+			// this is a warning, not an error.
+			f.Severity = Warn
 			f.Message += fmt.Sprintf(" (the relay would create it at start only because role %s owns the table; create it with the schema so the relay can run as a least-privilege role)", t.role)
-		} else {
+		default:
 			f.Message += fmt.Sprintf("; role %s cannot create it (it needs to own %s and have CREATE on the database), so the relay cannot start", t.role, t.qualified())
 		}
 		return []Finding{f}
@@ -385,10 +399,17 @@ func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
 		}
 	}
 	if len(extra) > 0 {
-		bad(Error, fmt.Sprintf("publication %s also publishes %s: every such change (the relay's own published_at updates and retention deletes among them) is decoded and streamed to the relay only to be discarded: needless WAL decoding and network traffic, and row data leaving the insert-only scope the outbox is published for",
-			t.publication, strings.Join(extra, ", ")), setInsert)
+		// The relay streams such a publication (it skips what is not an
+		// insert), so this is a warning: it costs, it does not break.
+		bad(Warn, fmt.Sprintf("publication %s also publishes %s: the relay works, but the walsender decodes every such change (the relay's own published_at updates and retention deletes among them) and sends it to the relay, which discards it: WAL decoding, network traffic and row data outside the insert-only scope the outbox needs",
+			t.publication, strings.Join(extra, ", ")), setInsert+" (publish inserts only)")
 	}
 	switch {
+	case p.allTables && len(p.others) == 0:
+		// cdcrelay run refuses FOR ALL TABLES even while the outbox is
+		// the only table: the next table created would join it.
+		bad(Error, fmt.Sprintf("publication %s is FOR ALL TABLES: the relay refuses it (any table created later would be published too); it needs a publication of %s alone", t.publication, t.qualified()),
+			fmt.Sprintf("give the relay a publication of its own: %s (and set CDCRELAY_PUBLICATION)", t.createPublicationSQL(tf.kind)))
 	case !p.covers && p.allTables:
 		bad(Error, fmt.Sprintf("publication %s is FOR ALL TABLES but does not list %s", t.publication, t.qualified()),
 			"check CDCRELAY_TABLE and that the table is an ordinary, non-temporary table")
@@ -480,10 +501,16 @@ func classifySlot(t target, s slotFacts) Finding {
 		f.Severity = Error
 		f.Message = fmt.Sprintf("slot %s belongs to database %s, not %s", t.slot, s.database, t.database)
 		f.Remedy = "set CDCRELAY_SLOT to a name of its own for this database (slot names are cluster-wide)"
+	case s.walStatus == "lost" && t.slotLost == config.SlotLostRecreate:
+		// run drops and recreates it (CDCRELAY_SLOT_LOST=recreate): it
+		// works, with a backfill and duplicates, so a warning.
+		f.Severity = Warn
+		f.Message = fmt.Sprintf("slot %s is invalidated (wal_status lost): WAL it still needed was removed (max_slot_wal_keep_size); with CDCRELAY_SLOT_LOST=recreate the relay drops it, creates a new one and publishes every row with published_at IS NULL from its snapshot (consumers see duplicates)", t.slot)
+		f.Remedy = "find why the relay fell so far behind (docs/runbook.md), and raise max_slot_wal_keep_size if outages that long must be ridden out"
 	case s.walStatus == "lost":
 		f.Severity = Error
-		f.Message = fmt.Sprintf("slot %s is invalidated (wal_status lost): WAL it still needed was removed (max_slot_wal_keep_size)", t.slot)
-		f.Remedy = fmt.Sprintf("drop it and start the relay, which recreates it and publishes rows with published_at IS NULL from the new slot's snapshot: %s", drop)
+		f.Message = fmt.Sprintf("slot %s is invalidated (wal_status lost): WAL it still needed was removed (max_slot_wal_keep_size), and CDCRELAY_SLOT_LOST=%s makes the relay stop", t.slot, t.slotLost)
+		f.Remedy = fmt.Sprintf("drop it and start the relay, which recreates it and publishes rows with published_at IS NULL from the new slot's snapshot: %s; or set CDCRELAY_SLOT_LOST=recreate", drop)
 	case s.temporary:
 		f.Severity = Error
 		f.Message = fmt.Sprintf("slot %s is temporary: it disappears with its session and the relay's position with it", t.slot)

@@ -307,17 +307,18 @@ func TestClassifyPublication(t *testing.T) {
 		warns   int
 		message string
 	}{
-		"missing":       {pubFacts{}, 1, 0, "does not exist"},
-		"missing, ours": {pubFacts{canCreate: true}, 1, 0, "the relay would create it"},
-		"updates":       {pubFacts{exists: true, insert: true, update: true, covers: true}, 1, 0, "also publishes update:"},
-		"all ops":       {pubFacts{exists: true, insert: true, update: true, delete: true, truncate: true, covers: true}, 1, 0, "update, delete, truncate"},
-		"no inserts":    {pubFacts{exists: true, covers: true}, 1, 0, "does not publish inserts"},
-		"other table":   {pubFacts{exists: true, insert: true}, 1, 0, "does not cover public.event_outbox"},
-		"also others":   {pubFacts{exists: true, insert: true, covers: true, others: []string{"public.a", "public.b"}}, 1, 0, "also covers public.a, public.b: the relay refuses"},
-		"all tables":    {pubFacts{exists: true, allTables: true, insert: true, covers: true, others: []string{"a", "b", "c", "d", "e", "f"}}, 1, 0, "every table (FOR ALL TABLES): a, b, c, d, e and 1 more"},
-		"row filter":    {pubFacts{exists: true, insert: true, covers: true, rowFilter: "(routing_key <> 'x')"}, 0, 1, "WHERE (routing_key <> 'x')"},
-		"column list":   {pubFacts{exists: true, insert: true, covers: true, columns: []string{"id", "routing_key"}}, 1, 0, "leaves out payload"},
-		"full list":     {pubFacts{exists: true, insert: true, covers: true, columns: []string{"id", "routing_key", "payload", "published_at"}}, 0, 0, "publishes inserts only"},
+		"missing":                     {pubFacts{}, 1, 0, "does not exist"},
+		"missing, ours":               {pubFacts{canCreate: true}, 0, 1, "the relay would create it"},
+		"updates":                     {pubFacts{exists: true, insert: true, update: true, covers: true}, 0, 1, "also publishes update:"},
+		"all ops":                     {pubFacts{exists: true, insert: true, update: true, delete: true, truncate: true, covers: true}, 0, 1, "update, delete, truncate: the relay works, but the walsender decodes every such change"},
+		"all tables, only the outbox": {pubFacts{exists: true, allTables: true, insert: true, covers: true}, 1, 0, "is FOR ALL TABLES: the relay refuses it"},
+		"no inserts":                  {pubFacts{exists: true, covers: true}, 1, 0, "does not publish inserts"},
+		"other table":                 {pubFacts{exists: true, insert: true}, 1, 0, "does not cover public.event_outbox"},
+		"also others":                 {pubFacts{exists: true, insert: true, covers: true, others: []string{"public.a", "public.b"}}, 1, 0, "also covers public.a, public.b: the relay refuses"},
+		"all tables":                  {pubFacts{exists: true, allTables: true, insert: true, covers: true, others: []string{"a", "b", "c", "d", "e", "f"}}, 1, 0, "every table (FOR ALL TABLES): a, b, c, d, e and 1 more"},
+		"row filter":                  {pubFacts{exists: true, insert: true, covers: true, rowFilter: "(routing_key <> 'x')"}, 0, 1, "WHERE (routing_key <> 'x')"},
+		"column list":                 {pubFacts{exists: true, insert: true, covers: true, columns: []string{"id", "routing_key"}}, 1, 0, "leaves out payload"},
+		"full list":                   {pubFacts{exists: true, insert: true, covers: true, columns: []string{"id", "routing_key", "payload", "published_at"}}, 0, 0, "publishes inserts only"},
 	} {
 		fs := classifyPublication(tgt, tf, c.p)
 		e, w := severities(fs)
@@ -362,6 +363,16 @@ func TestClassifySlot(t *testing.T) {
 		f := classifySlot(tgt, c.s)
 		if f.Severity != c.want || !strings.Contains(f.Message, c.message) || (f.Severity != OK && f.Remedy == "") {
 			t.Errorf("%s: %v %q (remedy %q), want %v with %q", name, f.Severity, f.Message, f.Remedy, c.want, c.message)
+		}
+	}
+	// A lost slot stops the relay only with CDCRELAY_SLOT_LOST=stop; with
+	// recreate (the default) run recreates it, so check warns.
+	lost := with(ok, func(s *slotFacts) { s.walStatus = "lost" })
+	for policy, want := range map[string]Severity{config.SlotLostStop: Error, config.SlotLostRecreate: Warn} {
+		tg := tgt
+		tg.slotLost = policy
+		if f := classifySlot(tg, lost); f.Severity != want || !strings.Contains(f.Message, "CDCRELAY_SLOT_LOST="+policy) || f.Remedy == "" {
+			t.Errorf("lost slot, CDCRELAY_SLOT_LOST=%s: %v %q, want %v", policy, f.Severity, f.Message, want)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -224,8 +227,40 @@ func TestCheckRealCluster(t *testing.T) {
 			`DROP PUBLICATION cdcrelay_outbox`,
 			`CREATE PUBLICATION cdcrelay_outbox FOR TABLE event_outbox WITH (publish = 'insert,update')`,
 		).check(nil)
-		want(t, fs, [2]string{"publication", "also publishes update:"})
-		has(t, fs, "publication", preflight.Error, "remedy:ALTER PUBLICATION cdcrelay_outbox SET (publish = 'insert');")
+		want(t, fs)
+		has(t, fs, "publication", preflight.Warn, "also publishes update: the relay works, but the walsender decodes every such change")
+		has(t, fs, "publication", preflight.Warn, "remedy:ALTER PUBLICATION cdcrelay_outbox SET (publish = 'insert');")
+	})
+
+	t.Run("publication of every operation", func(t *testing.T) {
+		t.Parallel()
+		// CREATE PUBLICATION's default: insert, update, delete, truncate.
+		// run streams it (it skips what is not an insert), so check warns
+		// about the cost and does not fail.
+		f := newFixture(t, pg, amqpURL,
+			`DROP PUBLICATION cdcrelay_outbox`,
+			`CREATE PUBLICATION cdcrelay_outbox FOR TABLE event_outbox`,
+		)
+		fs, _ := f.check(nil)
+		want(t, fs)
+		has(t, fs, "publication", preflight.Warn, "also publishes update, delete, truncate: the relay works, but the walsender decodes every such change")
+		has(t, fs, "publication", preflight.Warn, "remedy:ALTER PUBLICATION cdcrelay_outbox SET (publish = 'insert');")
+		// The check run makes at every start agrees.
+		ctx := context.Background()
+		target := slot.Target{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}
+		if _, err := slot.VerifyPublication(ctx, f.admin, target); err != nil {
+			t.Fatalf("run would refuse the publication check passes: %v", err)
+		}
+	})
+
+	t.Run("target_session_attrs=read-write", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, pg, amqpURL)
+		fs, _ := f.check(map[string]string{"DATABASE_URL": f.url() + "&target_session_attrs=read-write"})
+		want(t, fs)
+		has(t, fs, "database", preflight.OK, "connected to")
+		has(t, fs, "replication connection", preflight.OK, "works")
+		has(t, fs, "slot_lock", preflight.OK, "reachable for the slot lock")
 	})
 
 	t.Run("publication of other tables too", func(t *testing.T) {
@@ -359,6 +394,75 @@ func TestCheckRealCluster(t *testing.T) {
 		want(t, fs, [2]string{"exchange", `exchange "` + missing + `" does not exist on vhost`})
 	})
 
+	t.Run("missing dead-letter exchange", func(t *testing.T) {
+		t.Parallel()
+		// run checks the dead-letter exchange at every connect and does not
+		// start without it: check must say so too.
+		f := newFixture(t, pg, amqpURL)
+		missing := testenv.UniqueName("cdcrelay.nodlx")
+		fs, _ := f.check(map[string]string{"DEAD_LETTER_EXCHANGE": missing})
+		want(t, fs, [2]string{"exchange", `exchange "` + missing + `" does not exist on vhost`})
+		has(t, fs, "exchange", preflight.Error, "remedy:or set CDCRELAY_DEAD_LETTER_EXCHANGE")
+		has(t, fs, "exchange", preflight.OK, `exchange "`+f.exchange+`" exists`)
+	})
+
+	t.Run("amqps with a private CA and a client certificate", func(t *testing.T) {
+		t.Parallel()
+		// The files run uses (CDCRELAY_AMQP_TLS_*): check must use them too.
+		ca, err := testenv.NewCA("cdcrelay check CA")
+		if err != nil {
+			t.Fatal(err)
+		}
+		certPEM, keyPEM, err := ca.Issue("127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		term, err := testenv.NewTLSTerminator(brokerHostPort(t, amqpURL), certPEM, keyPEM, ca.PEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = term.Close() })
+		dir := t.TempDir()
+		write := func(name string, b []byte) string {
+			p := filepath.Join(dir, name)
+			if err := os.WriteFile(p, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		u, err := url.Parse(amqpURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Scheme, u.Host = "amqps", term.Addr()
+		f := newFixture(t, pg, amqpURL)
+		fs, _ := f.check(map[string]string{"AMQP_URL": u.String(),
+			"AMQP_TLS_CA": write("ca.pem", ca.PEM), "AMQP_TLS_CERT": write("client.crt", certPEM), "AMQP_TLS_KEY": write("client.key", keyPEM)})
+		want(t, fs)
+		has(t, fs, "broker", preflight.OK, "connected to amqps://")
+		has(t, fs, "exchange", preflight.OK, "exists")
+	})
+
+	t.Run("superuser without the table", func(t *testing.T) {
+		t.Parallel()
+		// A database the schema was never applied to: neither table nor
+		// publication. Nothing may blame the role's privileges.
+		f := newFixture(t, pg, amqpURL, `DROP PUBLICATION cdcrelay_outbox`, `DROP TABLE event_outbox`)
+		fs, _ := f.check(map[string]string{"DATABASE_URL": pg.URL(f.database)})
+		want(t, fs,
+			[2]string{"table", "table public.event_outbox does not exist in database " + f.database},
+			[2]string{"publication", "publication cdcrelay_outbox does not exist, nor does table public.event_outbox it must publish"})
+		has(t, fs, "privileges", preflight.OK, "is a superuser")
+		has(t, fs, "table", preflight.Error, "remedy:cdcrelay migrate")
+		for _, f := range fs {
+			for _, blame := range []string{"cannot create", "lacks", "privilege", "GRANT"} {
+				if f.Severity != preflight.OK && strings.Contains(f.Message+f.Remedy, blame) {
+					t.Errorf("%s finding blames privileges (%q): %s %s", f.Check, blame, f.Message, f.Remedy)
+				}
+			}
+		}
+	})
+
 	t.Run("superuser", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, pg, amqpURL)
@@ -366,6 +470,16 @@ func TestCheckRealCluster(t *testing.T) {
 		want(t, fs)
 		has(t, fs, "privileges", preflight.OK, "is a superuser")
 	})
+}
+
+// brokerHostPort is the host:port of an amqp:// URL.
+func brokerHostPort(t *testing.T, amqpURL string) string {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
 }
 
 // stream holds the slot active the way the relay does, until the test ends.

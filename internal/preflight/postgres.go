@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
 // failed is the finding for a check that could not run.
@@ -38,7 +39,7 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 	}
 	pc.ConnectTimeout = opts.Timeout
 	pc.RuntimeParams["application_name"] = checkApplicationName
-	pc.RuntimeParams["default_transaction_read_only"] = "on" // the preflight never writes
+	readOnly(&pc.Config)
 	pc.RuntimeParams["statement_timeout"] = strconv.FormatInt(opts.Timeout.Milliseconds(), 10)
 	where := config.Redact(cfg.DatabaseURL)
 	// Connect and statement timeouts bound the usual cases; this bounds a
@@ -113,6 +114,27 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 	return fs
 }
 
+// readOnly makes the session read-only once connected, so that the
+// preflight cannot write. It is set after the connection is validated, not
+// as a startup parameter: with target_session_attrs=read-write (or
+// primary) pgconn asks the server whether the session is read-only and
+// would reject every server of a session started read-only, so check would
+// fail where run, which connects without it, succeeds.
+func readOnly(pc *pgconn.Config) {
+	next := pc.AfterConnect
+	pc.AfterConnect = func(ctx context.Context, conn *pgconn.PgConn) error {
+		if next != nil {
+			if err := next(ctx, conn); err != nil {
+				return err
+			}
+		}
+		if _, err := conn.Exec(ctx, "SET default_transaction_read_only = on").ReadAll(); err != nil {
+			return fmt.Errorf("make the check's session read-only: %w", err)
+		}
+		return nil
+	}
+}
+
 // ok reports whether a Finding returned alongside facts means they are
 // usable (the zero Finding does).
 func (f Finding) ok() bool { return f.Severity != Error }
@@ -126,13 +148,14 @@ func newTarget(cfg config.Config) (target, error) {
 		schema: schema, table: table, publication: cfg.Publication, slot: cfg.Slot,
 		id: cfg.IDColumn, key: cfg.RoutingKeyColumn, payload: cfg.PayloadColumn,
 		headers: cfg.HeadersColumn, exch: cfg.ExchangeColumn, msgType: cfg.TypeColumn,
+		slotLost: cfg.SlotLost,
 	}, nil
 }
 
 // connectFailed turns a connection error into a finding whose remedy fits
 // the cause. where is the redacted URL.
 func connectFailed(check, where string, err error) Finding {
-	f := Finding{Check: check, Severity: Error, Message: fmt.Sprintf("cannot connect to %s: %v", where, err)}
+	f := Finding{Check: check, Severity: Error, Message: fmt.Sprintf("cannot connect to %s: %v", where, pgerr.Connect(err))}
 	var pgErr *pgconn.PgError
 	code := ""
 	if errors.As(err, &pgErr) {

@@ -25,7 +25,7 @@ func slotLock(ctx context.Context, cfg config.Config, opts Options) Finding {
 	pc.Database = cfg.LockDatabase
 	pc.ConnectTimeout = opts.Timeout
 	pc.RuntimeParams["application_name"] = checkApplicationName
-	pc.RuntimeParams["default_transaction_read_only"] = "on"
+	readOnly(&pc.Config) // as databaseChecks: after target_session_attrs is checked
 	ctx, cancel := context.WithTimeout(ctx, 2*opts.Timeout)
 	defer cancel()
 	db, err := pgx.ConnectConfig(ctx, pc)

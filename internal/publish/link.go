@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -36,7 +37,33 @@ type Link struct {
 type lane struct {
 	ch      channel
 	returns chan amqp.Return
-	closed  chan *amqp.Error
+	closed  chan *amqp.Error // read by the publisher's watch
+	// reason is a second close notification, read only through
+	// closeReason by the lane's own loops.
+	reason chan *amqp.Error
+
+	mu       sync.Mutex
+	closeErr *amqp.Error
+}
+
+// closeReason returns why the broker closed the lane's channel (a 404 for
+// a deleted exchange, say), nil when it did not or has not yet. amqp091-go
+// sends the reason to every NotifyClose listener before it closes the
+// returns channel and resolves the unconfirmed messages, so a loop that
+// sees either has the reason here at once; it never waits.
+func (l *lane) closeReason() *amqp.Error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closeErr == nil {
+		select {
+		case e, ok := <-l.reason: // a nil channel (test lanes) is never ready
+			if ok {
+				l.closeErr = e
+			}
+		default:
+		}
+	}
+	return l.closeErr
 }
 
 // channel is what a lane needs of a confirm-mode AMQP channel. Dial wraps
@@ -146,6 +173,7 @@ func (l *Link) setup(o DialOptions) error {
 			ch:      amqpChannel{ch},
 			returns: ch.NotifyReturn(make(chan amqp.Return, max(o.Window, 1))),
 			closed:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+			reason:  ch.NotifyClose(make(chan *amqp.Error, 1)),
 		})
 	}
 	l.connClosed = l.Conn.NotifyClose(make(chan *amqp.Error, 1))

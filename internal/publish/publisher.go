@@ -246,6 +246,9 @@ func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event) (inflig
 	// a failure, never a silent drop.
 	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, ev.RoutingKey, true, false, msg)
 	if err != nil {
+		if e := l.closeReason(); e != nil { // the broker closed the channel: say why
+			return f, fmt.Errorf("publish event %s: %w", LogID(ev.ID), closedError("channel", e, true))
+		}
 		return f, p.publishError(ev, err)
 	}
 	failpoint.Hit(failpoint.AfterPublish)
@@ -348,7 +351,7 @@ func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflig
 			bytes.Release(f.weight)
 			slots.Release(1)
 		case r, ok := <-l.returns:
-			return p.returned(r, ok)
+			return p.returned(l, r, ok)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -371,13 +374,13 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 			// this message, if any, is already waiting here.
 			select {
 			case r, ok := <-l.returns:
-				return p.returned(r, ok)
+				return p.returned(l, r, ok)
 			default:
 			}
 			p.Metrics.inFlight.Dec()
 			if !f.dc.Acked() {
 				if l.ch.IsClosed() {
-					return fmt.Errorf("%w while event %s was in flight", ErrClosed, f.id)
+					return fmt.Errorf("%w while event %s was in flight", laneClosed(l), f.id)
 				}
 				p.Metrics.nacks.Inc()
 				return fmt.Errorf("%w: event %s (a queue refused it: overflow reject-publish or an internal error)", ErrNacked, f.id)
@@ -394,7 +397,7 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 			}
 			return nil
 		case r, ok := <-l.returns:
-			return p.returned(r, ok)
+			return p.returned(l, r, ok)
 		case <-timer.C:
 			// A blocked broker holds confirms back; that is flow control,
 			// not a failure, so the clock restarts once it lets go.
@@ -414,9 +417,9 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 // connection closes; the zero Return read from it then is a transport
 // failure, not a basic.return, and must not be counted or reported as one
 // (docs/architecture.md invariant 3).
-func (p *Publisher) returned(r amqp.Return, ok bool) error {
+func (p *Publisher) returned(l *lane, r amqp.Return, ok bool) error {
 	if !ok {
-		return fmt.Errorf("%w: channel closed", ErrClosed)
+		return laneClosed(l)
 	}
 	p.Metrics.returns.Inc()
 	return fmt.Errorf("%w: event %s to exchange %q with routing key %q: %d %s (bind a queue for this key, or check the exchange)",
@@ -466,10 +469,36 @@ func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
 	}
 }
 
+// laneClosed is the error of a lane whose channel closed, with the
+// broker's reason when it gave one.
+func laneClosed(l *lane) error {
+	e := l.closeReason()
+	return closedError("channel", e, e != nil)
+}
+
+// closedError says that the channel or connection closed and, when the
+// broker closed it, why. A 404 is a publish to an exchange that does not
+// exist (deleted while the relay ran, or named by a row's exchange
+// column): the broker's reason names the exchange, and the error adds the
+// remedy. The error is ErrClosed and, through errors.As, the *amqp.Error.
 func closedError(what string, e *amqp.Error, ok bool) error {
 	if !ok || e == nil {
 		return fmt.Errorf("%w: %s closed", ErrClosed, what)
 	}
 	// The reason may quote a whole over-long value (a frame error).
-	return fmt.Errorf("%w: %s closed: %d %s", ErrClosed, what, e.Code, clipText(e.Reason))
+	msg := fmt.Sprintf("%v: %s closed by the broker: %d %s", ErrClosed, what, e.Code, clipText(e.Reason))
+	if e.Code == amqp.NotFound {
+		msg += ": the exchange does not exist (deleted?): declare it (the relay does not declare topology), or fix CDCRELAY_EXCHANGE or the row's exchange column (CDCRELAY_EXCHANGE_COLUMN)"
+	}
+	return &brokerClosed{msg: msg, reason: e}
 }
+
+// brokerClosed is a channel or connection the broker closed, with its
+// reason.
+type brokerClosed struct {
+	msg    string
+	reason *amqp.Error
+}
+
+func (b *brokerClosed) Error() string   { return b.msg }
+func (b *brokerClosed) Unwrap() []error { return []error{ErrClosed, b.reason} }

@@ -290,3 +290,63 @@ func TestLogID(t *testing.T) {
 		t.Fatalf("LogID = %q", got)
 	}
 }
+
+// TestClosedErrorSaysWhy: a channel the broker closed carries its reason,
+// and a 404 the remedy; both stay ErrClosed and the *amqp.Error.
+func TestClosedErrorSaysWhy(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		e    *amqp.Error
+		ok   bool
+		want []string
+		not  []string
+	}{
+		{"no reason", nil, false, []string{"broker connection closed: channel closed"}, []string{"by the broker"}},
+		{"deleted exchange", &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no exchange 'orders' in vhost '/'"}, true,
+			[]string{"closed by the broker: 404 NOT_FOUND - no exchange 'orders' in vhost '/'", "declare it", "CDCRELAY_EXCHANGE"}, nil},
+		{"other reason", &amqp.Error{Code: amqp.FrameError, Reason: "FRAME_ERROR"}, true,
+			[]string{"closed by the broker: 501 FRAME_ERROR"}, []string{"declare it"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := closedError("channel", tc.e, tc.ok)
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%q lacks %q", err, w)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(err.Error(), n) {
+					t.Errorf("%q has %q", err, n)
+				}
+			}
+			var aerr *amqp.Error
+			if !errors.Is(err, ErrClosed) || (tc.e != nil) != errors.As(err, &aerr) {
+				t.Errorf("%v: ErrClosed %v, *amqp.Error %v", err, errors.Is(err, ErrClosed), errors.As(err, &aerr))
+			}
+		})
+	}
+}
+
+// TestLaneCloseReason: the reason is read without waiting, kept once
+// read, and absent (nil) for a lane the broker did not close.
+func TestLaneCloseReason(t *testing.T) {
+	l := &lane{reason: make(chan *amqp.Error, 1)}
+	if e := l.closeReason(); e != nil {
+		t.Fatalf("open lane: %v", e)
+	}
+	want := &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND"}
+	l.reason <- want
+	close(l.reason)
+	if e := l.closeReason(); e != want {
+		t.Fatalf("closed lane: %v", e)
+	}
+	if e := l.closeReason(); e != want {
+		t.Fatalf("asked again: %v", e)
+	}
+	if err := laneClosed(l); !strings.Contains(err.Error(), "404") {
+		t.Fatalf("laneClosed = %v", err)
+	}
+	if e := (&lane{}).closeReason(); e != nil {
+		t.Fatalf("lane without a reason channel: %v", e)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -291,7 +292,7 @@ func (r *Relay) connectDB(ctx context.Context) (*pgx.Conn, error) {
 	db, err := pgx.ConnectConfig(ctx, dbCfg)
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return nil, fmt.Errorf("connect to database: %w", err)
+		return nil, fmt.Errorf("connect to database: %w", pgerr.Connect(err))
 	}
 	return db, nil
 }
@@ -609,7 +610,7 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return nil, fmt.Errorf("open replication connection: %w", err)
+		return nil, fmt.Errorf("open replication connection: %w", pgerr.Connect(err))
 	}
 	r.metrics.connectedTo("postgres")
 	return conn, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
@@ -61,7 +62,7 @@ func (r *Relay) connectLock(ctx context.Context) (*pgx.Conn, error) {
 	db, err := pgx.ConnectConfig(ctx, dbCfg)
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return nil, fmt.Errorf("connect to the slot lock's database %s (CDCRELAY_LOCK_DATABASE): %w", r.cfg.LockDatabase, err)
+		return nil, fmt.Errorf("connect to the slot lock's database %s (CDCRELAY_LOCK_DATABASE): %w", r.cfg.LockDatabase, pgerr.Connect(err))
 	}
 	set := lockSession
 	if serverMajor(db.PgConn()) >= 14 {

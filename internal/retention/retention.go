@@ -23,6 +23,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
 // Options configure a Retention.
@@ -141,7 +143,7 @@ func (r *Retention) connect(ctx context.Context) (*pgx.Conn, error) {
 	cfg.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
 	db, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
+		return nil, fmt.Errorf("connect: %w", pgerr.Connect(err))
 	}
 	return db, nil
 }

@@ -1,0 +1,73 @@
+// Package pgerr formats PostgreSQL connection errors so that they lead with
+// their real cause.
+//
+// With sslmode=prefer, the default, pgconn first tries TLS and then, when
+// the server refuses it, connects without TLS; when that second attempt
+// fails too, its error lists both attempts, the TLS refusal first. Every
+// failure to connect to a server without TLS (a wrong password, a missing
+// database) then starts with "server refused TLS connection", which sends
+// operators after the wrong problem.
+package pgerr
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// tlsRefused is pgconn's message when the server answers the TLS request
+// with "no" (it has ssl = off).
+const tlsRefused = "server refused TLS connection"
+
+// Connect returns err unchanged unless it is a pgconn connection error
+// whose attempts include TLS refusals and some other failure: then its
+// message gives the other failures first and the refusals last, as what
+// they are. The original error stays in the chain, so errors.As still
+// finds the *pgconn.PgError (its SQLSTATE) and the *pgconn.ConnectError.
+func Connect(err error) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	joined, ok := ce.Unwrap().(interface{ Unwrap() []error })
+	if !ok {
+		return err // one attempt: nothing to reorder
+	}
+	var causes []string
+	refusals := 0
+	for _, attempt := range joined.Unwrap() {
+		if tlsRefusal(attempt) {
+			refusals++
+			continue
+		}
+		causes = append(causes, attempt.Error())
+	}
+	if refusals == 0 || len(causes) == 0 {
+		return err
+	}
+	msg := fmt.Sprintf("failed to connect to `user=%s database=%s`: %s (an attempt with TLS came first and the server refused it: sslmode=prefer, the default, then tries without TLS)",
+		ce.Config.User, ce.Config.Database, strings.Join(causes, "; "))
+	return &connectError{msg: msg, err: err}
+}
+
+// tlsRefusal reports whether an attempt failed only because the server
+// refused TLS.
+func tlsRefusal(err error) bool {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err.Error() == tlsRefused
+		}
+		err = next
+	}
+}
+
+type connectError struct {
+	msg string
+	err error
+}
+
+func (e *connectError) Error() string { return e.msg }
+func (e *connectError) Unwrap() error { return e.err }
