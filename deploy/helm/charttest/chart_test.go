@@ -784,10 +784,10 @@ func TestKubeVersionFloor(t *testing.T) {
 	}
 }
 
-// TestNotes renders NOTES.txt (which `helm template` does not print) through a
+// renderNotes renders NOTES.txt (which `helm template` does not print) through a
 // copy of the chart with one more template that includes it.
-func TestNotes(t *testing.T) {
-	t.Parallel()
+func renderNotes(t *testing.T, files []string) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "cdcrelay")
 	if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
 		t.Fatal(err)
@@ -804,11 +804,16 @@ data:
 	if err := os.WriteFile(filepath.Join(dir, "templates", "zz-notes.yaml"), []byte(capture), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := renderChart(t, dir, []string{"multi.yaml"})
+	r := renderChart(t, dir, files)
 	if len(r.ConfigMaps) != 1 {
 		t.Fatalf("%d ConfigMaps, want the notes", len(r.ConfigMaps))
 	}
-	notes := r.ConfigMaps[0].Data["notes"]
+	return r.ConfigMaps[0].Data["notes"]
+}
+
+func TestNotes(t *testing.T) {
+	t.Parallel()
+	notes := renderNotes(t, []string{"multi.yaml"})
 	for _, pub := range []string{"cdcrelay_orders", "cdcrelay_billing_v2", "shipping_outbox_pub", "cdcrelay_legacy"} {
 		want := "CREATE PUBLICATION " + pub + " FOR TABLE public.event_outbox WITH (publish = 'insert');"
 		if !strings.Contains(notes, want) {

@@ -305,3 +305,21 @@ func TestExtraEnvKnowsEveryRelayVariable(t *testing.T) {
 		}
 	}
 }
+
+// TestNotesPolicy: the notes follow the values: a lock database set through
+// extraEnv, and the dead-letter exchange, which must exist too.
+func TestNotesPolicy(t *testing.T) {
+	t.Parallel()
+	notes := renderNotes(t, []string{"policy.yaml"})
+	for _, want := range []string{
+		"-- rel-cdcrelay-billing (Secret billing-db)\n  ALTER ROLE <role> REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO <role>;\n" +
+			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO <role>;\n  GRANT CONNECT ON DATABASE relay_locks TO <role>;",
+		"-- rel-cdcrelay-orders (Secret orders-db)\n  ALTER ROLE <role> REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO <role>;\n" +
+			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO <role>;\n  GRANT CONNECT ON DATABASE postgres TO <role>;",
+		"rabbitmqadmin declare exchange name=events.dead type=topic durable=true",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+}
