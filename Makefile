@@ -9,11 +9,24 @@ GOLANGCI  ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2
 FUZZTIME  ?=
 fuzzfor    = $(if $(FUZZTIME),$(FUZZTIME),$(1))
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null)
+# Image time stamps (reproducible builds): the last commit's time.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+# IMAGEFLAGS=-arch=arm64 builds for another architecture.
+IMAGEFLAGS ?=
 
-.PHONY: build demo test test-go test-faults fuzz chart-test bench bench-retention lint clean
+.PHONY: build image demo test test-go test-faults fuzz chart-test bench bench-retention lint clean
 
 build:
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/cdcrelay ./cmd/cdcrelay
+
+# The container image as an OCI image archive, bin/cdcrelay-image.tar, built with
+# the Go toolchain alone (no container daemon, no base image): the static relay,
+# the host's CA bundle, user 65532. Push it with skopeo, or load it with docker or
+# podman: deploy/helm/README.md, "The image". The Dockerfile builds the same image
+# where a daemon and the base images are at hand.
+image:
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./cmd/cdcrelay-image -version $(VERSION) -revision "$(REVISION)" -o bin/cdcrelay-image.tar $(IMAGEFLAGS)
 
 # Starts a throwaway PostgreSQL, runs the relay against it and the local
 # RabbitMQ, inserts sample events and shows them arriving with their latency.

@@ -18,7 +18,7 @@ import (
 )
 
 // goodValues are the values files every good-path check runs over.
-var goodValues = []string{"single.yaml", "multi.yaml", "monitoring.yaml", "files.yaml", "quoted.yaml"}
+var goodValues = []string{"single.yaml", "multi.yaml", "monitoring.yaml", "files.yaml", "quoted.yaml", "policy.yaml"}
 
 var (
 	slotName = regexp.MustCompile(`^[a-z0-9_]{1,54}$`)
@@ -167,8 +167,18 @@ func checkDeployment(t *testing.T, r *Rendered, d *appsv1.Deployment) {
 	if d.Spec.Replicas == nil {
 		t.Fatalf("Deployment %s: replicas unset", d.Name)
 	}
+	// A chart release must not roll the relays: no chart version on the pod.
+	for _, l := range []string{"helm.sh/chart", "app.kubernetes.io/version"} {
+		if _, ok := pod.Labels[l]; ok {
+			t.Errorf("Deployment %s: pod template label %s changes with every chart release and would roll every relay", d.Name, l)
+		}
+	}
 
-	// Pod security.
+	// Pod security: the Pod Security Standard "restricted", as the admission
+	// controller evaluates it, then the chart's own hardening beyond it.
+	if v := restrictedViolations(&pod); len(v) > 0 {
+		t.Errorf("Deployment %s: pod template violates the restricted Pod Security Standard: %s", d.Name, strings.Join(v, "; "))
+	}
 	ps := pod.Spec.SecurityContext
 	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot {
 		t.Errorf("Deployment %s: pod runAsNonRoot is not true", d.Name)
@@ -271,6 +281,11 @@ func checkDeployment(t *testing.T, r *Rendered, d *appsv1.Deployment) {
 			}
 		case hasFile:
 			checkFileSecret(t, d, file.Value, mounts, volumes)
+		}
+	}
+	for _, name := range []string{"CDCRELAY_AMQP_TLS_CA", "CDCRELAY_AMQP_TLS_CERT", "CDCRELAY_AMQP_TLS_KEY"} {
+		if e, ok := ev[name]; ok {
+			checkFileSecret(t, d, e.Value, mounts, volumes)
 		}
 	}
 
@@ -392,6 +407,14 @@ func TestSingleSource(t *testing.T) {
 			t.Errorf("%s = %q, want the relay default %q", name, got, want)
 		}
 	}
+	// Only set values reach the pod: the policy settings are null by default, so
+	// the relay's own defaults apply; GOMEMLIMIT is the relay's to derive.
+	for _, name := range []string{"CDCRELAY_POISON", "CDCRELAY_SLOT_LOST", "CDCRELAY_RETENTION", "CDCRELAY_PUBLISH_CHANNELS",
+		"CDCRELAY_MAX_MESSAGE_BYTES", "CDCRELAY_DEAD_LETTER_EXCHANGE", "CDCRELAY_AMQP_TLS_CA", "GOMEMLIMIT"} {
+		if e, ok := ev[name]; ok {
+			t.Errorf("%s = %q set by default: the relay's own default should apply", name, e.Value)
+		}
+	}
 	if got := envValue(t, d, "CDCRELAY_LOG_FORMAT"); got != "json" {
 		t.Errorf("CDCRELAY_LOG_FORMAT = %q, want json in a cluster", got)
 	}
@@ -477,9 +500,17 @@ func TestMultiSource(t *testing.T) {
 		if d.Annotations["cdcrelay.io/slot"] != w.slot {
 			t.Errorf("%s: slot annotation %q", name, d.Annotations["cdcrelay.io/slot"])
 		}
-		// defaults.extraEnv reaches every source.
-		if got := envValue(t, d, "GOMEMLIMIT"); got != "200MiB" {
-			t.Errorf("%s: GOMEMLIMIT %q, want the default extraEnv", name, got)
+		// defaults.extraEnv reaches every source; of two entries with one name
+		// (billing-v2 sets it too) the source's, the later, wins.
+		wantRetry := "5s"
+		if name == "rel-cdcrelay-billing-v2" {
+			wantRetry = "10s"
+		}
+		if got := envValue(t, d, "CDCRELAY_STANDBY_RETRY"); got != wantRetry {
+			t.Errorf("%s: CDCRELAY_STANDBY_RETRY %q, want %q from extraEnv", name, got, wantRetry)
+		}
+		if _, ok := env(t, relay(t, d))["GOMEMLIMIT"]; ok {
+			t.Errorf("%s: GOMEMLIMIT set: the relay derives it from the container's memory limit", name)
 		}
 	}
 	if len(r.PDBs) != 2 {
@@ -500,7 +531,7 @@ func TestMultiSource(t *testing.T) {
 		"CDCRELAY_ROUTING_KEY_COLUMN": "topic",
 		"CDCRELAY_PAYLOAD_COLUMN":     "payload", // columns merge key by key
 		"CDCRELAY_SHUTDOWN_TIMEOUT":   "1m30s",
-		"CDCRELAY_LOG_LEVEL":          "warn", // the source's extraEnv replaces the chart's entry
+		"CDCRELAY_LOG_LEVEL":          "warn", // the source's logLevel replaces defaults.logLevel
 	} {
 		if got := envValue(t, billing, name); got != want {
 			t.Errorf("billing-v2: %s = %q, want %q", name, got, want)
@@ -753,10 +784,10 @@ func TestKubeVersionFloor(t *testing.T) {
 	}
 }
 
-// TestNotes renders NOTES.txt (which `helm template` does not print) through a
+// renderNotes renders NOTES.txt (which `helm template` does not print) through a
 // copy of the chart with one more template that includes it.
-func TestNotes(t *testing.T) {
-	t.Parallel()
+func renderNotes(t *testing.T, files []string) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "cdcrelay")
 	if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
 		t.Fatal(err)
@@ -773,22 +804,40 @@ data:
 	if err := os.WriteFile(filepath.Join(dir, "templates", "zz-notes.yaml"), []byte(capture), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := renderChart(t, dir, []string{"multi.yaml"})
+	r := renderChart(t, dir, files)
 	if len(r.ConfigMaps) != 1 {
 		t.Fatalf("%d ConfigMaps, want the notes", len(r.ConfigMaps))
 	}
-	notes := r.ConfigMaps[0].Data["notes"]
+	return r.ConfigMaps[0].Data["notes"]
+}
+
+func TestNotes(t *testing.T) {
+	t.Parallel()
+	notes := renderNotes(t, []string{"multi.yaml"})
 	for _, pub := range []string{"cdcrelay_orders", "cdcrelay_billing_v2", "shipping_outbox_pub", "cdcrelay_legacy"} {
 		want := "CREATE PUBLICATION " + pub + " FOR TABLE public.event_outbox WITH (publish = 'insert');"
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}
 	}
-	for _, want := range []string{"owner of the outbox table", "cdcrelay migrate", "4 relay Deployment(s)", "logs deploy/rel-cdcrelay-shipping",
-		"GRANT UPDATE (published_at, attempts, last_error)", "publish_via_partition_root = true", "CONNECT on the database `postgres`"} {
+	for _, want := range []string{"owner of the outbox table", "cdcrelay migrate", "4 relay Deployment(s)",
+		"GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO <role>;", "publish_via_partition_root = true",
+		"GRANT CONNECT ON DATABASE postgres TO <role>;", "GRANT SELECT, DELETE ON public.event_outbox TO <role>;", "ALTER ROLE <role> REPLICATION;",
+		// The exchanges, before install, and what an unbound routing key does.
+		"rabbitmqadmin declare exchange name=events type=topic durable=true",
+		"rabbitmqadmin declare exchange name=billing type=topic durable=true",
+		"stream STOPS", `rabbitmqctl set_policy events-ae '^events$' '{"alternate-exchange":"events.unroutable"}' --apply-to exchanges`,
+		// check and logs with the real names; a paused source has no pod to exec in.
+		"kubectl -n svc exec deploy/rel-cdcrelay-orders -- /cdcrelay check",
+		"kubectl -n svc exec deploy/rel-cdcrelay-shipping -- /cdcrelay check",
+		"rel-cdcrelay-legacy is paused",
+		"kubectl -n svc logs -l app.kubernetes.io/component=relay,app.kubernetes.io/instance=rel,app.kubernetes.io/name=cdcrelay,cdcrelay.io/source=billing-v2 --prefix -f"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}
+	}
+	if strings.Contains(notes, "exec deploy/rel-cdcrelay-legacy") || strings.Count(notes, "rabbitmqadmin declare exchange name=events type=topic") != 1 {
+		t.Errorf("notes: a check for the paused source, or an exchange listed twice:\n%s", notes)
 	}
 }
 
@@ -826,25 +875,33 @@ func TestRejectsBadValues(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.file, func(t *testing.T) {
 			t.Parallel()
-			files := []string{filepath.Join("bad", c.file)}
-			out, stderr, err := runHelm(t, templateArgs(chartDir, files)...)
-			if err == nil || !exitError(err) {
-				t.Fatalf("helm template accepted %s (err %v):\n%s", c.file, err, out)
-			}
-			if !strings.Contains(stderr, c.want) {
-				t.Errorf("helm template rejected %s, but not with %q:\n%s", c.file, c.want, stderr)
-			}
-			if !c.schema {
-				return
-			}
-			args := append([]string{"lint", chartDir, "--kube-version", kubeVersion}, valuesArgs(files)...)
-			lout, lerr, err := runHelm(t, args...)
-			if err == nil {
-				t.Errorf("helm lint accepted %s:\n%s", c.file, lout)
-			}
-			if !strings.Contains(lout+lerr, c.want) {
-				t.Errorf("helm lint rejected %s, but not with %q:\n%s%s", c.file, c.want, lout, lerr)
-			}
+			expectRejected(t, c.file, c.want, c.schema)
 		})
+	}
+}
+
+// expectRejected renders testdata/bad/file and expects helm to fail with want in
+// its error output; with schema, `helm lint` must fail the same way (the values
+// schema catches it, not only the templates).
+func expectRejected(t *testing.T, file, want string, schema bool) {
+	t.Helper()
+	files := []string{filepath.Join("bad", file)}
+	out, stderr, err := runHelm(t, templateArgs(chartDir, files)...)
+	if err == nil || !exitError(err) {
+		t.Fatalf("helm template accepted %s (err %v):\n%s", file, err, out)
+	}
+	if !strings.Contains(stderr, want) {
+		t.Errorf("helm template rejected %s, but not with %q:\n%s", file, want, stderr)
+	}
+	if !schema {
+		return
+	}
+	args := append([]string{"lint", chartDir, "--kube-version", kubeVersion}, valuesArgs(files)...)
+	lout, lerr, err := runHelm(t, args...)
+	if err == nil {
+		t.Errorf("helm lint accepted %s:\n%s", file, lout)
+	}
+	if !strings.Contains(lout+lerr, want) {
+		t.Errorf("helm lint rejected %s, but not with %q:\n%s%s", file, want, lout, lerr)
 	}
 }

@@ -61,6 +61,19 @@ chart's own, which win. Argument: dict "root" $ "src" $src ["extra" map].
 {{- toYaml $l }}
 {{- end }}
 
+{{/*
+Labels of one source's pod template: its labels without helm.sh/chart and
+app.kubernetes.io/version. Those change with every chart release, and on the pod
+template they would roll every relay (one slot failover each) on an upgrade that
+changes nothing in the pod. Argument: dict "root" $ "src" $src ["extra" map].
+*/}}
+{{- define "cdcrelay.podLabels" -}}
+{{- $l := include "cdcrelay.sourceLabels" . | fromYaml }}
+{{- $_ := unset $l "helm.sh/chart" }}
+{{- $_ := unset $l "app.kubernetes.io/version" }}
+{{- toYaml $l }}
+{{- end }}
+
 {{- define "cdcrelay.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "cdcrelay.fullname" .) .Values.serviceAccount.name }}
@@ -179,6 +192,17 @@ Argument: dict "root" $ "out" (dict).
 {{- fail (printf "cdcrelay: %s: no AMQP Secret: set defaults.amqp.secretName, or amqp.secretName on the source" $where) }}
 {{- end }}
 {{- $_ := set $cfg "amqp" $amqp }}
+{{- with $cfg.amqpTLS }}
+{{- if not .secretName }}
+{{- fail (printf "cdcrelay: %s: amqpTLS.secretName is required (the Secret holding the PEM files)" $where) }}
+{{- end }}
+{{- if not (or .ca .cert) }}
+{{- fail (printf "cdcrelay: %s: amqpTLS names neither ca nor cert: set ca (the key holding the broker's CA) and/or cert and key" $where) }}
+{{- end }}
+{{- if ne (empty .cert) (empty .key) }}
+{{- fail (printf "cdcrelay: %s: amqpTLS.cert and amqpTLS.key go together (the client certificate and its key)" $where) }}
+{{- end }}
+{{- end }}
 {{- $stop := include "cdcrelay.durationSeconds" (default "15s" $cfg.shutdownTimeout) | atoi }}
 {{- if kindIs "invalid" $cfg.terminationGracePeriodSeconds }}
 {{- $_ := set $cfg "terminationGracePeriodSeconds" (add $stop 15) }}
@@ -191,11 +215,75 @@ Argument: dict "root" $ "out" (dict).
 {{- end }}
 
 {{/*
+Every variable the relay reads, without the CDCRELAY_ prefix, one per line: the env
+tags of the Config fields in internal/config/config.go. extraEnv may name no other
+CDCRELAY_ variable. internal/config/chart_test.go compares this list with the relay's,
+so a variable added to the relay must be added here.
+*/}}
+{{- define "cdcrelay.relayVariables" -}}
+DATABASE_URL
+DATABASE_URL_FILE
+AMQP_URL
+AMQP_URL_FILE
+AMQP_TLS_CA
+AMQP_TLS_CERT
+AMQP_TLS_KEY
+EXCHANGE
+TABLE
+PUBLICATION
+SLOT
+HTTP_ADDR
+ID_COLUMN
+ROUTING_KEY_COLUMN
+PAYLOAD_COLUMN
+HEADERS_COLUMN
+EXCHANGE_COLUMN
+TYPE_COLUMN
+MAX_IN_FLIGHT
+PUBLISH_CHANNELS
+MAX_IN_FLIGHT_BYTES
+CONFIRM_TIMEOUT
+STATUS_INTERVAL
+SHUTDOWN_TIMEOUT
+BACKOFF_MIN
+BACKOFF_MAX
+AMQP_HEARTBEAT
+MARK_INTERVAL
+MARK_BATCH
+RETENTION
+RETENTION_INTERVAL
+RETENTION_BATCH
+MONITOR_INTERVAL
+STANDBY_RETRY
+SLOT_LOST
+LOCK_DATABASE
+POISON
+DEAD_LETTER_EXCHANGE
+MAX_MESSAGE_BYTES
+LOG_LEVEL
+LOG_FORMAT
+{{- end }}
+
+{{/*
+Where the AMQP TLS Secret (amqpTLS) is mounted, and the file name of each of its keys.
+*/}}
+{{- define "cdcrelay.amqpTLSDir" -}}
+/etc/cdcrelay/secrets/amqp-tls
+{{- end }}
+
+{{/*
 The container's env list for one source. Argument: dict "root" $ "src" $src.
+A variable is rendered only when its value is set: a null value leaves the relay's
+own default in force. extraEnv may not name a CDCRELAY_ variable the relay does not
+read (a typo would be silently ignored) nor one a chart value sets (two places for
+one setting, and the one that wins would be a surprise).
 */}}
 {{- define "cdcrelay.env" -}}
 {{- $src := .src }}
+{{- $where := ternary (printf "source %q" $src.name) "the source" (ne $src.name "") }}
 {{- $env := list }}
+{{- /* owner: variable name -> the value that sets it, for the extraEnv check. */}}
+{{- $owner := dict }}
 {{- range $t := list (list "DATABASE" $src.database "database") (list "AMQP" $src.amqp "amqp") }}
 {{- $prefix := index $t 0 }}
 {{- $ref := index $t 1 }}
@@ -204,49 +292,82 @@ The container's env list for one source. Argument: dict "root" $ "src" $src.
 {{- else }}
 {{- $env = append $env (dict "name" (printf "CDCRELAY_%s_URL" $prefix) "valueFrom" (dict "secretKeyRef" (dict "name" $ref.secretName "key" $ref.key))) }}
 {{- end }}
+{{- $_ := set $owner (printf "CDCRELAY_%s_URL" $prefix) (index $t 2) }}
+{{- $_ := set $owner (printf "CDCRELAY_%s_URL_FILE" $prefix) (index $t 2) }}
+{{- end }}
+{{- $tls := default dict $src.amqpTLS }}
+{{- range $t := list (list "CA" "ca") (list "CERT" "cert") (list "KEY" "key") }}
+{{- if get $tls (index $t 1) }}
+{{- $env = append $env (dict "name" (printf "CDCRELAY_AMQP_TLS_%s" (index $t 0)) "value" (printf "%s/%s.pem" (include "cdcrelay.amqpTLSDir" .) (index $t 1))) }}
+{{- end }}
+{{- if $tls }}
+{{- $_ := set $owner (printf "CDCRELAY_AMQP_TLS_%s" (index $t 0)) "amqpTLS" }}
+{{- end }}
 {{- end }}
 {{- $plain := list
-  (list "SLOT" $src.slot)
-  (list "PUBLICATION" $src.publication)
-  (list "HTTP_ADDR" ":8080")
-  (list "EXCHANGE" $src.exchange)
-  (list "TABLE" $src.table)
-  (list "ID_COLUMN" $src.columns.id)
-  (list "ROUTING_KEY_COLUMN" $src.columns.routingKey)
-  (list "PAYLOAD_COLUMN" $src.columns.payload)
-  (list "HEADERS_COLUMN" $src.columns.headers)
-  (list "EXCHANGE_COLUMN" $src.columns.exchange)
-  (list "TYPE_COLUMN" $src.columns.type)
-  (list "MAX_IN_FLIGHT" $src.maxInFlight)
-  (list "MAX_IN_FLIGHT_BYTES" $src.maxInFlightBytes)
-  (list "CONFIRM_TIMEOUT" $src.confirmTimeout)
-  (list "STATUS_INTERVAL" $src.statusInterval)
-  (list "SHUTDOWN_TIMEOUT" $src.shutdownTimeout)
-  (list "BACKOFF_MIN" $src.backoffMin)
-  (list "BACKOFF_MAX" $src.backoffMax)
-  (list "AMQP_HEARTBEAT" $src.amqpHeartbeat)
-  (list "LOG_LEVEL" $src.logLevel)
-  (list "LOG_FORMAT" $src.logFormat)
+  (list "SLOT" $src.slot "slot")
+  (list "PUBLICATION" $src.publication "publication")
+  (list "HTTP_ADDR" ":8080" "")
+  (list "EXCHANGE" $src.exchange "exchange")
+  (list "TABLE" $src.table "table")
+  (list "ID_COLUMN" $src.columns.id "columns.id")
+  (list "ROUTING_KEY_COLUMN" $src.columns.routingKey "columns.routingKey")
+  (list "PAYLOAD_COLUMN" $src.columns.payload "columns.payload")
+  (list "HEADERS_COLUMN" $src.columns.headers "columns.headers")
+  (list "EXCHANGE_COLUMN" $src.columns.exchange "columns.exchange")
+  (list "TYPE_COLUMN" $src.columns.type "columns.type")
+  (list "MAX_IN_FLIGHT" $src.maxInFlight "maxInFlight")
+  (list "MAX_IN_FLIGHT_BYTES" $src.maxInFlightBytes "maxInFlightBytes")
+  (list "PUBLISH_CHANNELS" $src.publishChannels "publishChannels")
+  (list "CONFIRM_TIMEOUT" $src.confirmTimeout "confirmTimeout")
+  (list "STATUS_INTERVAL" $src.statusInterval "statusInterval")
+  (list "SHUTDOWN_TIMEOUT" $src.shutdownTimeout "shutdownTimeout")
+  (list "BACKOFF_MIN" $src.backoffMin "backoffMin")
+  (list "BACKOFF_MAX" $src.backoffMax "backoffMax")
+  (list "AMQP_HEARTBEAT" $src.amqpHeartbeat "amqpHeartbeat")
+  (list "POISON" $src.poison "poison")
+  (list "DEAD_LETTER_EXCHANGE" $src.deadLetterExchange "deadLetterExchange")
+  (list "MAX_MESSAGE_BYTES" $src.maxMessageBytes "maxMessageBytes")
+  (list "SLOT_LOST" $src.slotLost "slotLost")
+  (list "MARK_INTERVAL" $src.markInterval "markInterval")
+  (list "MARK_BATCH" $src.markBatch "markBatch")
+  (list "RETENTION" $src.retention "retention")
+  (list "RETENTION_INTERVAL" $src.retentionInterval "retentionInterval")
+  (list "RETENTION_BATCH" $src.retentionBatch "retentionBatch")
+  (list "MONITOR_INTERVAL" $src.monitorInterval "monitorInterval")
+  (list "LOG_LEVEL" $src.logLevel "logLevel")
+  (list "LOG_FORMAT" $src.logFormat "logFormat")
 }}
 {{- range $p := $plain }}
 {{- $val := index $p 1 }}
 {{- if not (or (kindIs "invalid" $val) (eq (toString $val) "")) }}
-{{- $env = append $env (dict "name" (printf "CDCRELAY_%s" (index $p 0)) "value" (include "cdcrelay.envString" $val)) }}
+{{- $name := printf "CDCRELAY_%s" (index $p 0) }}
+{{- $env = append $env (dict "name" $name "value" (include "cdcrelay.envString" $val)) }}
+{{- $_ := set $owner $name (index $p 2) }}
 {{- end }}
 {{- end }}
-{{- /* extraEnv (defaults' entries, then the source's): an entry replaces a chart
-entry of the same name, and of two extra entries with one name the later wins. */}}
+{{- /* extraEnv (defaults' entries, then the source's): of two entries with one
+name the later wins. */}}
 {{- $extra := default list $src.extraEnv }}
+{{- $known := splitList "\n" (include "cdcrelay.relayVariables" .root) }}
+{{- range $e := $extra }}
+{{- if hasPrefix "CDCRELAY_" $e.name }}
+{{- if not (has (trimPrefix "CDCRELAY_" $e.name) $known) }}
+{{- fail (printf "cdcrelay: %s: extraEnv %s is not a variable the relay reads (misspelt?). It reads CDCRELAY_ followed by one of: %s" $where $e.name (join ", " $known)) }}
+{{- else if eq $e.name "CDCRELAY_HTTP_ADDR" }}
+{{- fail (printf "cdcrelay: %s: extraEnv CDCRELAY_HTTP_ADDR is fixed by the chart to :8080 (the container port, probes and Service use it)" $where) }}
+{{- else if hasKey $owner $e.name }}
+{{- $key := get $owner $e.name }}
+{{- $null := ternary "" ", or set it to null to leave the variable to extraEnv" (has $key (list "database" "amqp" "slot" "publication" "amqpTLS")) }}
+{{- fail (printf "cdcrelay: %s: extraEnv %s is already set by the chart value `%s`: set `%s` (in defaults or on the source) instead%s" $where $e.name $key $key $null) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- $extraByName := dict }}
 {{- range $e := $extra }}
 {{- $_ := set $extraByName $e.name $e }}
 {{- end }}
-{{- $out := list }}
-{{- range $e := $env }}
-{{- if not (hasKey $extraByName $e.name) }}
-{{- $out = append $out $e }}
-{{- end }}
-{{- end }}
+{{- $out := $env }}
 {{- $done := dict }}
 {{- range $e := $extra }}
 {{- if not (hasKey $done $e.name) }}
