@@ -676,6 +676,9 @@ func TestMonitoring(t *testing.T) {
 		if rule.Labels["namespace"] != namespace || rule.Labels["source"] == "" {
 			t.Errorf("absent rule for slot %s lacks its static labels: %v", rule.Labels["slot"], rule.Labels)
 		}
+		if !slices.ContainsFunc(r.Services, func(s *corev1.Service) bool { return s.Name == rule.Labels["service"] }) {
+			t.Errorf("absent rule for slot %s selects service %q, which is not rendered", rule.Labels["slot"], rule.Labels["service"])
+		}
 	}
 	if absent["cdcrelay_orders"] != 1 || absent["cdcrelay_billing"] != 1 || len(absent) != 2 {
 		t.Errorf("CdcrelayNoStreamingRelay: absent rules per slot %v, want one for each of the two slots", absent)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 )
@@ -58,7 +59,7 @@ func selectors(expr string) ([]selector, error) {
 		}
 		s := selector{name: vs.Name}
 		for _, m := range vs.LabelMatchers {
-			if m.Name == labels.MetricName {
+			if m.Name == model.MetricNameLabel {
 				if m.Type == labels.MatchEqual {
 					s.name = m.Value
 				}
