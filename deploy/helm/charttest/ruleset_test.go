@@ -165,3 +165,20 @@ func TestAlertValuesSchema(t *testing.T) {
 		}
 	}
 }
+
+// TestPromtoolChecksEveryVariant runs `promtool check rules` over the rules of every
+// value set the tests render with alerts on.
+func TestPromtoolChecksEveryVariant(t *testing.T) {
+	t.Parallel()
+	on := []string{"--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.prometheusRule.endToEndSlow.enabled=true"}
+	for _, files := range [][]string{{"monitoring.yaml"}, {"multi.yaml"}, {"single.yaml"}, {"files.yaml"}, {"quoted.yaml"}, {"alerts.yaml"}, {"alerts-selector.yaml"}} {
+		t.Run(files[0], func(t *testing.T) {
+			t.Parallel()
+			groups := ruleGroups(t, files, on...)
+			if n := len(alertNames(groups)); n != len(defaultSeverity) {
+				t.Errorf("%d alerts rendered, want %d", n, len(defaultSeverity))
+			}
+			checkRules(t, groups)
+		})
+	}
+}
