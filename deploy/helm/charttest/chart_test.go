@@ -690,26 +690,29 @@ func TestMonitoring(t *testing.T) {
 			}
 		}
 	}
-	// No streaming relay: one rule over all slots (a streaming gauge below 1), and
-	// one `absent` rule per source for when no relay of it is scraped at all.
-	var maxRule int
-	absent := map[string]bool{}
+	// No streaming relay: exactly one `absent` rule per source, selecting that
+	// source's Service and slot, with static labels, so that an outage is one alert.
+	absent := map[string]int{}
 	for _, rule := range byAlert["CdcrelayNoStreamingRelay"] {
-		switch {
-		case strings.HasPrefix(rule.Expr, "max by (namespace, service, slot) (cdcrelay_role{") &&
-			strings.Contains(rule.Expr, `role="streaming"`) && strings.HasSuffix(rule.Expr, ") < 1"):
-			maxRule++
-		case strings.HasPrefix(rule.Expr, "absent(cdcrelay_role{") && strings.Contains(rule.Expr, `role="streaming"`):
-			absent[rule.Labels["slot"]] = true
-			if !strings.Contains(rule.Expr, fmt.Sprintf(`service=%q`, rule.Labels["service"])) {
-				t.Errorf("absent rule for slot %s does not select its Service: %s", rule.Labels["slot"], rule.Expr)
-			}
-		default:
+		if !strings.HasPrefix(rule.Expr, "absent(cdcrelay_role{") || !strings.Contains(rule.Expr, `role="streaming"`) {
 			t.Errorf("unexpected CdcrelayNoStreamingRelay rule %q", rule.Expr)
+			continue
+		}
+		absent[rule.Labels["slot"]]++
+		for _, m := range []string{fmt.Sprintf(`service=%q`, rule.Labels["service"]), fmt.Sprintf(`slot=%q`, rule.Labels["slot"])} {
+			if !strings.Contains(rule.Expr, m) {
+				t.Errorf("absent rule for slot %s does not select %s: %s", rule.Labels["slot"], m, rule.Expr)
+			}
+		}
+		if rule.Labels["namespace"] != namespace || rule.Labels["source"] == "" {
+			t.Errorf("absent rule for slot %s lacks its static labels: %v", rule.Labels["slot"], rule.Labels)
+		}
+		if !slices.ContainsFunc(r.Services, func(s *corev1.Service) bool { return s.Name == rule.Labels["service"] }) {
+			t.Errorf("absent rule for slot %s selects service %q, which is not rendered", rule.Labels["slot"], rule.Labels["service"])
 		}
 	}
-	if maxRule != 1 || !absent["cdcrelay_orders"] || !absent["cdcrelay_billing"] || len(absent) != 2 {
-		t.Errorf("CdcrelayNoStreamingRelay: %d max rules and absent rules for %v, want 1 and both slots", maxRule, absent)
+	if absent["cdcrelay_orders"] != 1 || absent["cdcrelay_billing"] != 1 || len(absent) != 2 {
+		t.Errorf("CdcrelayNoStreamingRelay: absent rules per slot %v, want one for each of the two slots", absent)
 	}
 	svcNames := regexp.MustCompile(`service=~"([^"]*)"`)
 	for _, g := range pr.Spec.Groups {

@@ -1,0 +1,543 @@
+package charttest
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// The alert rule tests: the chart's PrometheusRule is rendered for several value
+// sets, its spec.groups become a rule file, and promtool evaluates it over synthetic
+// series shaped like the relay's (docs/architecture.md): every replica exports
+// cdcrelay_role and the monitor's holder/last-success gauges; only the replica that
+// holds the monitor lock with a fresh refresh exports the slot and backlog gauges.
+
+const runbookBase = "https://github.com/cdcrelay/cdcrelay/blob/main/docs/runbook.md"
+
+// defaultSeverity is the severity of each alert with the chart's default values.
+var defaultSeverity = map[string]string{
+	"CdcrelayNoStreamingRelay":        "critical",
+	"CdcrelayNoStandby":               "warning",
+	"CdcrelaySlotRetainedWalHigh":     "warning",
+	"CdcrelaySlotNearInvalidation":    "critical",
+	"CdcrelaySlotLost":                "critical",
+	"CdcrelayOldestUnpublishedTooOld": "critical",
+	"CdcrelayParkedRows":              "warning",
+	"CdcrelayMessagesReturned":        "critical",
+	"CdcrelayMessagesNacked":          "warning",
+	"CdcrelayRestartStorm":            "warning",
+	"CdcrelayBrokerBlocked":           "warning",
+	"CdcrelayMonitorStale":            "warning",
+	"CdcrelayMarkingFailing":          "warning",
+	"CdcrelayEndToEndSlow":            "warning",
+}
+
+// replica is one relay pod's series over 40 minutes at a 1m interval.
+type replica struct {
+	target string // the scrape target's labels, e.g. namespace="svc",service="...",pod="..."
+	slot   string
+	role   string // the role it reports throughout; "" exports no role series
+	// holder: it holds the monitor lock and refreshes, so it exports the slot and
+	// backlog gauges and a last-success timestamp that keeps up with time.
+	holder bool
+	// set replaces (or with "" removes) the values of a series, keyed by the metric
+	// name with its extra labels as they are generated: `cdcrelay_slot_wal_status{status="lost"}`.
+	set map[string]string
+}
+
+// slotLabelled are the metrics with the relay's constant slot label.
+var slotLabelled = map[string]bool{
+	"cdcrelay_role": true, "cdcrelay_monitor_holder": true, "cdcrelay_monitor_last_success_timestamp_seconds": true,
+	"cdcrelay_monitor_errors_total": true, "cdcrelay_outbox_unpublished": true, "cdcrelay_outbox_parked": true,
+	"cdcrelay_oldest_unpublished_age_seconds": true, "cdcrelay_slot_retained_wal_bytes": true,
+	"cdcrelay_slot_lag_bytes": true, "cdcrelay_slot_safe_wal_size_bytes": true, "cdcrelay_slot_wal_status": true,
+}
+
+func (r replica) series() []inputSeries {
+	v := map[string]string{
+		"cdcrelay_monitor_holder":                         "0x40",
+		"cdcrelay_monitor_last_success_timestamp_seconds": "0x40", // never refreshed
+		"cdcrelay_monitor_errors_total":                   "0x40",
+		"cdcrelay_returns_total":                          "0x40",
+		"cdcrelay_nacks_total":                            "0x40",
+		"cdcrelay_pipeline_restarts_total":                "0x40",
+		"cdcrelay_poison_events_total":                    "0x40",
+		"cdcrelay_janitor_errors_total":                   "0x40",
+		"cdcrelay_slot_lost_total":                        "0x40",
+		"cdcrelay_broker_blocked":                         "0x40",
+		// Every event confirmed within 100ms.
+		`cdcrelay_commit_to_ack_seconds_bucket{le="0.1"}`:  "0+10x40",
+		`cdcrelay_commit_to_ack_seconds_bucket{le="1"}`:    "0+10x40",
+		`cdcrelay_commit_to_ack_seconds_bucket{le="5"}`:    "0+10x40",
+		`cdcrelay_commit_to_ack_seconds_bucket{le="+Inf"}`: "0+10x40",
+	}
+	if r.role != "" {
+		for _, role := range []string{"starting", "streaming", "standby"} {
+			val := "0x40"
+			if role == r.role {
+				val = "1x40"
+			}
+			v[fmt.Sprintf(`cdcrelay_role{role=%q}`, role)] = val
+		}
+	}
+	if r.holder {
+		maps.Copy(v, map[string]string{
+			"cdcrelay_monitor_holder":                         "1x40",
+			"cdcrelay_monitor_last_success_timestamp_seconds": "0+60x40", // refreshed at every step
+			"cdcrelay_slot_retained_wal_bytes":                "1048576x40",
+			"cdcrelay_slot_lag_bytes":                         "1024x40",
+			"cdcrelay_slot_safe_wal_size_bytes":               "-1x40",
+			`cdcrelay_slot_wal_status{status="reserved"}`:     "1x40",
+			`cdcrelay_slot_wal_status{status="extended"}`:     "0x40",
+			`cdcrelay_slot_wal_status{status="unreserved"}`:   "0x40",
+			`cdcrelay_slot_wal_status{status="lost"}`:         "0x40",
+			"cdcrelay_outbox_unpublished":                     "0x40",
+			"cdcrelay_outbox_parked":                          "0x40",
+			"cdcrelay_oldest_unpublished_age_seconds":         "0x40",
+		})
+	}
+	for k, val := range r.set {
+		if val == "" {
+			delete(v, k)
+		} else {
+			v[k] = val
+		}
+	}
+	var out []inputSeries
+	for _, k := range slices.Sorted(maps.Keys(v)) {
+		name, extra, _ := strings.Cut(strings.TrimSuffix(k, "}"), "{")
+		labels := r.target
+		if slotLabelled[name] {
+			labels += fmt.Sprintf(",slot=%q", r.slot)
+		}
+		if extra != "" {
+			labels += "," + extra
+		}
+		out = append(out, inputSeries{Series: name + "{" + labels + "}", Values: v[k]})
+	}
+	return out
+}
+
+// operatorTarget is a target's labels as the chart's ServiceMonitor gives them.
+func operatorTarget(service, source, pod string) string {
+	return fmt.Sprintf(`namespace=%q,service=%q,source=%q,job=%q,pod=%q,instance="%s:8080"`,
+		namespace, service, source, service, service+"-"+pod, pod)
+}
+
+// customTarget is a target that only a custom selector (job="cdcrelay") finds.
+func customTarget(pod string) string {
+	return fmt.Sprintf(`job="cdcrelay",pod=%q,instance="%s:8080"`, pod, pod)
+}
+
+// ruleVariant is one rendered value set and the labels its alerts carry.
+type ruleVariant struct {
+	name      string
+	files     []string
+	set       []string
+	extra     map[string]string // alertLabels
+	custom    bool              // custom selector: series have no namespace/service
+	scenarios []ruleScenario
+}
+
+// source describes one configured source, for expected labels.
+type source struct{ service, slot, name string }
+
+var (
+	orders  = source{"rel-cdcrelay-orders", "cdcrelay_orders", "orders"}
+	billing = source{"rel-cdcrelay-billing", "cdcrelay_billing", "billing"}
+	single  = source{"rel-cdcrelay", "cdcrelay_outbox", "default"}
+)
+
+func (v ruleVariant) labels(alert string, l map[string]string) map[string]string {
+	out := map[string]string{"severity": defaultSeverity[alert]}
+	maps.Copy(out, v.extra)
+	maps.Copy(out, l)
+	return out
+}
+
+// perSource: a per-source rule's static labels.
+func (v ruleVariant) perSource(alert string, s source) map[string]string {
+	return v.labels(alert, map[string]string{"namespace": namespace, "service": s.service, "slot": s.slot, "source": s.name})
+}
+
+// bySlot: an aggregated alert over a slot-labelled metric.
+func (v ruleVariant) bySlot(alert string, s source) map[string]string {
+	if v.custom {
+		return v.labels(alert, map[string]string{"slot": s.slot})
+	}
+	return v.labels(alert, map[string]string{"namespace": namespace, "service": s.service, "slot": s.slot})
+}
+
+// bySvc: an aggregated alert over a metric without the slot label.
+func (v ruleVariant) bySvc(alert string, s source) map[string]string {
+	if v.custom {
+		return v.labels(alert, nil)
+	}
+	return v.labels(alert, map[string]string{"namespace": namespace, "service": s.service})
+}
+
+// ruleScenario is one promtool test group: series and the alerts expected at some
+// evaluation times. At each of those times every alert not listed must be silent.
+type ruleScenario struct {
+	name     string
+	replicas []replica
+	fire     []firing
+	quietAt  []string
+	// fullAnnotations: test against the rules as rendered and expect these
+	// annotations (alert name -> annotations); otherwise annotations are reduced to
+	// runbook_url, which every expected alert must carry.
+	fullAnnotations map[string]map[string]string
+}
+
+// firing: alert fires at `at` with exactly these label sets.
+type firing struct {
+	at     string
+	alert  string
+	labels []map[string]string
+}
+
+func fire(at, alert string, labels ...map[string]string) firing {
+	return firing{at: at, alert: alert, labels: labels}
+}
+
+// alertNames returns the distinct alert names of the groups, in order.
+func alertNames(groups []RuleGroup) []string {
+	var names []string
+	for _, g := range groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" && !slices.Contains(names, r.Alert) {
+				names = append(names, r.Alert)
+			}
+		}
+	}
+	return names
+}
+
+// testGroupFor turns a scenario into a promtool test group over the alerts names.
+func (s ruleScenario) testGroupFor(names []string) testGroup {
+	tg := testGroup{Interval: "1m"}
+	for _, r := range s.replicas {
+		tg.InputSeries = append(tg.InputSeries, r.series()...)
+	}
+	listed := map[string]bool{}
+	times := slices.Clone(s.quietAt)
+	for _, f := range s.fire {
+		listed[f.at+"/"+f.alert] = true
+		if !slices.Contains(times, f.at) {
+			times = append(times, f.at)
+		}
+		c := alertTestCase{EvalTime: f.at, Alertname: f.alert}
+		for _, l := range f.labels {
+			ann := map[string]string{"runbook_url": runbookBase + "#" + strings.ToLower(f.alert)}
+			if s.fullAnnotations != nil {
+				ann = s.fullAnnotations[f.alert]
+			}
+			c.ExpAlerts = append(c.ExpAlerts, expAlert{ExpLabels: l, ExpAnnotations: ann})
+		}
+		tg.AlertRuleTest = append(tg.AlertRuleTest, c)
+	}
+	sort.Strings(times)
+	for _, at := range times {
+		for _, n := range names {
+			if !listed[at+"/"+n] {
+				tg.AlertRuleTest = append(tg.AlertRuleTest, alertTestCase{EvalTime: at, Alertname: n})
+			}
+		}
+	}
+	return tg
+}
+
+// runbookOnly returns groups with every rule's annotations reduced to runbook_url, so
+// that expectations need not spell out every summary (one scenario checks those).
+func runbookOnly(groups []RuleGroup) []RuleGroup {
+	out := slices.Clone(groups)
+	for i := range out {
+		out[i].Rules = slices.Clone(out[i].Rules)
+		for j := range out[i].Rules {
+			r := &out[i].Rules[j]
+			r.Annotations = map[string]string{"runbook_url": r.Annotations["runbook_url"]}
+		}
+	}
+	return out
+}
+
+// ruleGroups renders a variant and returns its PrometheusRule's groups.
+func ruleGroups(t *testing.T, files []string, set ...string) []RuleGroup {
+	t.Helper()
+	r := render(t, files, set...)
+	checkRelease(t, r)
+	if len(r.PrometheusRules) != 1 {
+		t.Fatalf("%v: %d PrometheusRules, want 1", files, len(r.PrometheusRules))
+	}
+	return r.PrometheusRules[0].Spec.Groups
+}
+
+func ordersHealthy(target func(pod string) string) []replica {
+	return []replica{
+		{target: target("a"), slot: orders.slot, role: "streaming", holder: true},
+		{target: target("b"), slot: orders.slot, role: "standby"},
+	}
+}
+
+func billingHealthy(target func(pod string) string) replica {
+	return replica{target: target("c"), slot: billing.slot, role: "streaming", holder: true}
+}
+
+// ordersWith is the healthy orders pair with series of the streaming pod replaced.
+func ordersWith(target func(pod string) string, set map[string]string) []replica {
+	rs := ordersHealthy(target)
+	rs[0].set = set
+	return rs
+}
+
+func svcTarget(s source) func(pod string) string {
+	return func(pod string) string { return operatorTarget(s.service, s.name, pod) }
+}
+
+func mainScenarios(v ruleVariant) []ruleScenario {
+	o, b := svcTarget(orders), svcTarget(billing)
+	withBilling := func(rs ...replica) []replica { return append(rs, billingHealthy(b)) }
+	const gib2, mib512 = "2147483648x40", "536870912x40"
+	return []ruleScenario{
+		{name: "healthy, standbys export no slot or backlog gauges, paused source has no series",
+			replicas: withBilling(ordersHealthy(o)...), quietAt: []string{"10m", "30m", "40m"}},
+		{name: "total outage of orders: every replica starting, the monitor still refreshes",
+			replicas: withBilling(
+				replica{target: o("a"), slot: orders.slot, role: "starting", holder: true},
+				replica{target: o("b"), slot: orders.slot, role: "starting"}),
+			quietAt: []string{"3m"},
+			fire: []firing{
+				fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
+				fire("30m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
+			}},
+		{name: "total outage of orders: no replica scraped at all",
+			replicas: withBilling(),
+			fire:     []firing{fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders))}},
+		{name: "orders streams, its second replica is stuck starting",
+			replicas: withBilling(
+				replica{target: o("a"), slot: orders.slot, role: "streaming", holder: true},
+				replica{target: o("b"), slot: orders.slot, role: "starting"}),
+			quietAt: []string{"10m"},
+			fire:    []firing{fire("20m", "CdcrelayNoStandby", v.perSource("CdcrelayNoStandby", orders))}},
+		{name: "orders streams, its second replica is gone",
+			replicas: withBilling(replica{target: o("a"), slot: orders.slot, role: "streaming", holder: true}),
+			fire:     []firing{fire("20m", "CdcrelayNoStandby", v.perSource("CdcrelayNoStandby", orders))}},
+		{name: "retained WAL above the threshold",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_retained_wal_bytes": gib2})...),
+			quietAt:  []string{"5m"},
+			fire:     []firing{fire("15m", "CdcrelaySlotRetainedWalHigh", v.bySlot("CdcrelaySlotRetainedWalHigh", orders))}},
+		{name: "safe WAL size below the threshold",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_safe_wal_size_bytes": mib512})...),
+			fire:     []firing{fire("2m", "CdcrelaySlotNearInvalidation", v.bySlot("CdcrelaySlotNearInvalidation", orders))}},
+		{name: "wal_status unreserved with max_slot_wal_keep_size unlimited",
+			replicas: withBilling(ordersWith(o, map[string]string{
+				`cdcrelay_slot_wal_status{status="reserved"}`: "0x40", `cdcrelay_slot_wal_status{status="unreserved"}`: "1x40"})...),
+			fire: []firing{fire("2m", "CdcrelaySlotNearInvalidation", v.bySlot("CdcrelaySlotNearInvalidation", orders))}},
+		{name: "wal_status unreserved and little WAL left: one alert",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_safe_wal_size_bytes": mib512,
+				`cdcrelay_slot_wal_status{status="reserved"}`: "0x40", `cdcrelay_slot_wal_status{status="unreserved"}`: "1x40"})...),
+			fire: []firing{fire("2m", "CdcrelaySlotNearInvalidation", v.bySlot("CdcrelaySlotNearInvalidation", orders))}},
+		{name: "safe WAL size above the threshold",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_safe_wal_size_bytes": "5368709120x40"})...),
+			quietAt:  []string{"2m", "20m"}},
+		{name: "slot lost: wal_status lost and the relay counted it, one alert",
+			replicas: withBilling(ordersWith(o, map[string]string{
+				`cdcrelay_slot_wal_status{status="reserved"}`: "1x4 0x36", `cdcrelay_slot_wal_status{status="lost"}`: "0x4 1x36",
+				"cdcrelay_slot_lost_total": "0x4 1x36"})...),
+			quietAt: []string{"3m"},
+			fire:    []firing{fire("10m", "CdcrelaySlotLost", v.bySvc("CdcrelaySlotLost", orders))}},
+		{name: "slot lost and recreated: the counter alone fires for an hour",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_lost_total": "0x4 1x36"})...),
+			fire: []firing{
+				fire("10m", "CdcrelaySlotLost", v.bySvc("CdcrelaySlotLost", orders)),
+				fire("40m", "CdcrelaySlotLost", v.bySvc("CdcrelaySlotLost", orders)),
+			}},
+		{name: "oldest unpublished row above the threshold",
+			replicas: withBilling(ordersWith(o, map[string]string{
+				"cdcrelay_oldest_unpublished_age_seconds": "0x4 600x36", "cdcrelay_outbox_unpublished": "0x4 5x36"})...),
+			quietAt: []string{"8m"},
+			fire:    []firing{fire("15m", "CdcrelayOldestUnpublishedTooOld", v.bySlot("CdcrelayOldestUnpublishedTooOld", orders))}},
+		{name: "a parked row fires ParkedRows once and not OldestUnpublishedTooOld",
+			replicas: withBilling(ordersWith(o, map[string]string{
+				"cdcrelay_outbox_parked": "0x4 1x36", "cdcrelay_poison_events_total": "0x4 1x36"})...),
+			fire: []firing{
+				fire("10m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders)),
+				fire("40m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders)),
+			}},
+		{name: "a poison event with nothing parked (poison policy stop)",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_poison_events_total": "0x4 1x36"})...),
+			quietAt:  []string{"30m"},
+			fire:     []firing{fire("6m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders))}},
+		{name: "returned messages",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_returns_total": "0x4 1x36"})...),
+			quietAt:  []string{"30m"},
+			fire:     []firing{fire("6m", "CdcrelayMessagesReturned", v.bySvc("CdcrelayMessagesReturned", orders))}},
+		{name: "nacks keep coming",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_nacks_total": "0+1x40"})...),
+			quietAt:  []string{"3m"},
+			fire:     []firing{fire("10m", "CdcrelayMessagesNacked", v.bySvc("CdcrelayMessagesNacked", orders))}},
+		{name: "one nack",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_nacks_total": "0x4 1x36"})...),
+			quietAt:  []string{"7m", "9m", "12m"}},
+		{name: "restart storm",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_pipeline_restarts_total": "0+1x40"})...),
+			fire:     []firing{fire("10m", "CdcrelayRestartStorm", v.bySvc("CdcrelayRestartStorm", orders))}},
+		{name: "two restarts",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_pipeline_restarts_total": "0x4 1x4 2x31"})...),
+			quietAt:  []string{"10m", "20m"}},
+		{name: "broker blocks publishers",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_broker_blocked": "0x4 1x36"})...),
+			quietAt:  []string{"8m"},
+			fire:     []firing{fire("15m", "CdcrelayBrokerBlocked", v.bySvc("CdcrelayBrokerBlocked", orders))}},
+		{name: "monitor stale: the holder stopped refreshing (its gauges are gone)",
+			replicas: withBilling(
+				replica{target: o("a"), slot: orders.slot, role: "streaming", set: map[string]string{
+					"cdcrelay_monitor_holder": "1x40", "cdcrelay_monitor_last_success_timestamp_seconds": "60x40"}},
+				replica{target: o("b"), slot: orders.slot, role: "standby"}),
+			quietAt: []string{"5m"},
+			fire:    []firing{fire("15m", "CdcrelayMonitorStale", v.bySlot("CdcrelayMonitorStale", orders))}},
+		{name: "monitor lock moves to the standby: the newest refresh counts",
+			replicas: withBilling(
+				replica{target: o("a"), slot: orders.slot, role: "streaming", holder: true, set: map[string]string{
+					"cdcrelay_monitor_holder": "1x9 0x31", "cdcrelay_monitor_last_success_timestamp_seconds": "0+60x9 540x31"}},
+				replica{target: o("b"), slot: orders.slot, role: "standby", set: map[string]string{
+					"cdcrelay_monitor_holder": "0x9 1x31", "cdcrelay_monitor_last_success_timestamp_seconds": "0x9 600+60x30"}}),
+			quietAt: []string{"20m", "30m", "40m"}},
+		{name: "janitor keeps failing",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_janitor_errors_total": "0+1x40"})...),
+			quietAt:  []string{"10m"},
+			fire:     []firing{fire("20m", "CdcrelayMarkingFailing", v.bySvc("CdcrelayMarkingFailing", orders))}},
+		{name: "one janitor error",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_janitor_errors_total": "0x4 1x36"})...),
+			quietAt:  []string{"12m", "20m"}},
+		{name: "end-to-end latency above the threshold",
+			replicas: withBilling(ordersWith(o, map[string]string{
+				`cdcrelay_commit_to_ack_seconds_bucket{le="0.1"}`: "0x40", `cdcrelay_commit_to_ack_seconds_bucket{le="1"}`: "0x40"})...),
+			quietAt: []string{"5m"},
+			fire:    []firing{fire("15m", "CdcrelayEndToEndSlow", v.bySvc("CdcrelayEndToEndSlow", orders))}},
+		{name: "annotations as rendered",
+			replicas: []replica{{target: b("c"), slot: billing.slot, role: "streaming", holder: true, set: map[string]string{
+				"cdcrelay_slot_retained_wal_bytes": gib2, "cdcrelay_oldest_unpublished_age_seconds": "600x40"}}},
+			fire: []firing{
+				fire("15m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
+				fire("15m", "CdcrelaySlotRetainedWalHigh", v.bySlot("CdcrelaySlotRetainedWalHigh", billing)),
+				fire("15m", "CdcrelayOldestUnpublishedTooOld", v.bySlot("CdcrelayOldestUnpublishedTooOld", billing)),
+			},
+			fullAnnotations: map[string]map[string]string{
+				"CdcrelayNoStreamingRelay": {
+					"summary":     "No relay streams slot cdcrelay_orders (svc/rel-cdcrelay-orders)",
+					"description": "No scraped replica of svc/rel-cdcrelay-orders reports role=streaming: the pods are down, not scraped, still starting, or all waiting as standbys. Outbox events are not published; PostgreSQL keeps the WAL for slot cdcrelay_orders meanwhile.",
+					"runbook_url": runbookBase + "#cdcrelaynostreamingrelay",
+				},
+				"CdcrelaySlotRetainedWalHigh": {
+					"summary":     "Slot cdcrelay_billing holds back 2GiB of WAL",
+					"description": "The replication slot cdcrelay_billing (svc/rel-cdcrelay-billing) is not advancing fast enough: PostgreSQL keeps its WAL and the primary's disk fills up. Check that a relay streams, that the broker confirms publishes and that nothing else holds the slot back.",
+					"runbook_url": runbookBase + "#cdcrelayslotretainedwalhigh",
+				},
+				"CdcrelayOldestUnpublishedTooOld": {
+					"summary":     "The oldest unmarked outbox row of slot cdcrelay_billing is 10m 0s old",
+					"description": "An outbox row of svc/rel-cdcrelay-billing (parked rows aside) still has published_at NULL after this long. Either it was not published (no relay streams, the broker refuses or blocks, the slot does not advance) or it was published and not marked (the janitor fails). Check the other alerts of this service first.",
+					"runbook_url": runbookBase + "#cdcrelayoldestunpublishedtooold",
+				},
+			}},
+	}
+}
+
+func selectorScenarios(v ruleVariant) []ruleScenario {
+	c := customTarget
+	return []ruleScenario{
+		{name: "custom selector: per-source rules find series without namespace and service",
+			replicas: append(ordersHealthy(c), billingHealthy(c)),
+			quietAt:  []string{"10m", "30m"}},
+		{name: "custom selector: a streaming replica outside the selector does not count",
+			replicas: append(ordersHealthy(c), billingHealthy(svcTarget(billing))),
+			quietAt:  []string{"3m"},
+			fire:     []firing{fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", billing))}},
+		{name: "custom selector: orders streams without a standby",
+			replicas: []replica{{target: c("a"), slot: orders.slot, role: "streaming", holder: true}, billingHealthy(c)},
+			fire:     []firing{fire("20m", "CdcrelayNoStandby", v.perSource("CdcrelayNoStandby", orders))}},
+		{name: "custom selector: retained WAL above the threshold",
+			replicas: append(ordersWith(c, map[string]string{"cdcrelay_slot_retained_wal_bytes": "2147483648x40"}), billingHealthy(c)),
+			fire:     []firing{fire("15m", "CdcrelaySlotRetainedWalHigh", v.bySlot("CdcrelaySlotRetainedWalHigh", orders))}},
+		{name: "custom selector: parked row",
+			replicas: append(ordersWith(c, map[string]string{"cdcrelay_outbox_parked": "1x40"}), billingHealthy(c)),
+			fire:     []firing{fire("10m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders))}},
+	}
+}
+
+func defaultScenarios(v ruleVariant) []ruleScenario {
+	t := svcTarget(single)
+	return []ruleScenario{
+		{name: "chart defaults: healthy",
+			replicas: []replica{
+				{target: t("a"), slot: single.slot, role: "streaming", holder: true},
+				{target: t("b"), slot: single.slot, role: "standby"}},
+			quietAt: []string{"10m", "30m"}},
+		{name: "chart defaults: total outage fires NoStreamingRelay once and NoStandby not at all",
+			fire: []firing{
+				fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", single)),
+				fire("30m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", single)),
+			}},
+		{name: "chart defaults: no standby",
+			replicas: []replica{{target: t("a"), slot: single.slot, role: "streaming", holder: true}},
+			fire:     []firing{fire("20m", "CdcrelayNoStandby", v.perSource("CdcrelayNoStandby", single))}},
+	}
+}
+
+func ruleVariants() []ruleVariant {
+	platform := map[string]string{"team": "platform"}
+	vs := []ruleVariant{
+		{name: "alerts.yaml", files: []string{"alerts.yaml"}, extra: platform},
+		{name: "custom selector", files: []string{"alerts-selector.yaml"}, extra: platform, custom: true},
+		{name: "chart defaults", files: []string{"single.yaml"}, set: []string{"--set", "monitoring.prometheusRule.enabled=true"}},
+	}
+	vs[0].scenarios = mainScenarios(vs[0])
+	vs[1].scenarios = selectorScenarios(vs[1])
+	vs[2].scenarios = defaultScenarios(vs[2])
+	return vs
+}
+
+// TestAlertRulesWithPromtool evaluates the rendered alerts over the scenarios with
+// `promtool test rules`, and checks that every alert has a scenario where it fires.
+func TestAlertRulesWithPromtool(t *testing.T) {
+	t.Parallel()
+	promtoolBin(t)
+	fired := map[string]bool{}
+	var all []string
+	for _, v := range ruleVariants() {
+		groups := ruleGroups(t, v.files, v.set...)
+		checkRules(t, groups)
+		names := alertNames(groups)
+		for _, n := range names {
+			if !slices.Contains(all, n) {
+				all = append(all, n)
+			}
+		}
+		for _, s := range v.scenarios {
+			for _, f := range s.fire {
+				if len(f.labels) > 0 {
+					fired[f.alert] = true
+				}
+			}
+			t.Run(v.name+"/"+s.name, func(t *testing.T) {
+				t.Parallel()
+				g := runbookOnly(groups)
+				if s.fullAnnotations != nil {
+					g = groups
+				}
+				promtoolTest(t, g, s.testGroupFor(names))
+			})
+		}
+	}
+	for _, n := range all {
+		if !fired[n] {
+			t.Errorf("%s: no scenario where it fires", n)
+		}
+	}
+	if len(all) != len(defaultSeverity) {
+		t.Errorf("alerts %v, want the %d of the contract", all, len(defaultSeverity))
+	}
+}

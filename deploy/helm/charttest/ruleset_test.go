@@ -1,0 +1,184 @@
+package charttest
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/prometheus/model/labels"
+)
+
+// TestAlertRuleSet checks the rendered alert set against the contract: the alert
+// names and default severities, one per-source rule for every source that runs
+// (none for a paused one), annotations and runbook links on every rule, no absent()
+// outside the per-source NoStreamingRelay, and PromQL that parses and selects
+// only metrics the relay exports, scoped by the selector.
+func TestAlertRuleSet(t *testing.T) {
+	t.Parallel()
+	known := knownMetrics(t)
+	for _, tc := range []struct {
+		file   string
+		scoped func(s selector) bool
+	}{
+		{"alerts.yaml", func(s selector) bool {
+			ns, svc := s.matcher("namespace"), s.matcher("service")
+			return ns != nil && ns.Type == labels.MatchEqual && ns.Value == namespace && svc != nil &&
+				(svc.Matches(orders.service) || svc.Matches(billing.service)) && !svc.Matches("other-service")
+		}},
+		{"alerts-selector.yaml", func(s selector) bool {
+			job := s.matcher("job")
+			return job != nil && job.Type == labels.MatchEqual && job.Value == "cdcrelay" && s.matcher("namespace") == nil && s.matcher("service") == nil
+		}},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			t.Parallel()
+			groups := ruleGroups(t, []string{tc.file})
+			perSource := map[string][]string{}
+			for _, g := range groups {
+				for _, r := range g.Rules {
+					sev, ok := defaultSeverity[r.Alert]
+					if !ok {
+						t.Errorf("unexpected alert %s", r.Alert)
+					}
+					if r.Labels["severity"] != sev || r.Labels["team"] != "platform" {
+						t.Errorf("%s: labels %v, want severity %s and alertLabels", r.Alert, r.Labels, sev)
+					}
+					if r.Annotations["summary"] == "" || r.Annotations["description"] == "" ||
+						r.Annotations["runbook_url"] != runbookBase+"#"+strings.ToLower(r.Alert) {
+						t.Errorf("%s: annotations %v", r.Alert, r.Annotations)
+					}
+					if !promDuration.MatchString(r.For) || r.For == "" {
+						t.Errorf("%s: for %q", r.Alert, r.For)
+					}
+					if strings.Contains(r.Expr, "absent") != (r.Alert == "CdcrelayNoStreamingRelay") {
+						t.Errorf("%s: absent() only belongs to the per-source NoStreamingRelay: %s", r.Alert, r.Expr)
+					}
+					sels := parsePromQL(t, r.Alert, r.Expr)
+					checkNames(t, known, r.Alert, r.Expr, sels)
+					for _, s := range sels {
+						if !tc.scoped(s) {
+							t.Errorf("%s: selector %s%v is not scoped by the release's selector", r.Alert, s.name, s.matchers)
+						}
+					}
+					if r.Alert == "CdcrelayNoStreamingRelay" || r.Alert == "CdcrelayNoStandby" {
+						perSource[r.Alert] = append(perSource[r.Alert], r.Labels["source"])
+						for _, s := range sels {
+							if m := s.matcher("slot"); m == nil || m.Value != r.Labels["slot"] {
+								t.Errorf("%s for %s: selector without its slot: %s", r.Alert, r.Labels["source"], r.Expr)
+							}
+						}
+					}
+				}
+			}
+			// legacy is paused (replicas: 0) and billing has one replica.
+			if got := perSource["CdcrelayNoStreamingRelay"]; !slices.Equal(got, []string{"orders", "billing"}) {
+				t.Errorf("CdcrelayNoStreamingRelay rules for sources %v, want orders and billing", got)
+			}
+			if got := perSource["CdcrelayNoStandby"]; !slices.Equal(got, []string{"orders"}) {
+				t.Errorf("CdcrelayNoStandby rules for sources %v, want orders only", got)
+			}
+		})
+	}
+}
+
+// ruleByAlert returns the rules of an alert.
+func ruleByAlert(groups []RuleGroup, alert string) []Rule {
+	var out []Rule
+	for _, g := range groups {
+		for _, r := range g.Rules {
+			if r.Alert == alert {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// TestAlertRuleValues checks that every value key reaches the rules: thresholds
+// (fractions and large integers printed as PromQL numbers), for, severity, enabled,
+// runbookBaseURL, and extraRules appended after the chart's rules.
+func TestAlertRuleValues(t *testing.T) {
+	t.Parallel()
+	groups := ruleGroups(t, []string{"alerts.yaml"},
+		"--set-json", "monitoring.prometheusRule.endToEndSlow.threshold=0.25",
+		"--set", "monitoring.prometheusRule.slotNearInvalidation.threshold=5368709120",
+		"--set", "monitoring.prometheusRule.oldestUnpublished.threshold=900",
+		"--set", "monitoring.prometheusRule.restartStorm.threshold=10",
+		"--set", "monitoring.prometheusRule.monitorStale.threshold=600",
+		"--set", "monitoring.prometheusRule.noStreamingRelay.for=2m",
+		"--set", "monitoring.prometheusRule.noStandby.severity=info",
+		"--set", "monitoring.prometheusRule.brokerBlocked.enabled=false",
+		"--set", "monitoring.prometheusRule.runbookBaseURL=https://wiki.example.org/cdcrelay",
+		"--set-json", `monitoring.prometheusRule.extraRules=[{"alert":"MyOwnAlert","expr":"vector(1)","for":"1m","labels":{"severity":"info"}}]`)
+	checkRules(t, groups)
+	wantSuffix := map[string]string{
+		"CdcrelayEndToEndSlow":            "> 0.25",
+		"CdcrelaySlotNearInvalidation":    ">= 0 < 5368709120",
+		"CdcrelayOldestUnpublishedTooOld": "> 900",
+		"CdcrelayRestartStorm":            "> 10",
+		"CdcrelayMonitorStale":            "> 600",
+	}
+	for alert, suffix := range wantSuffix {
+		rs := ruleByAlert(groups, alert)
+		if len(rs) != 1 || !strings.HasSuffix(rs[0].Expr, suffix) {
+			t.Errorf("%s: %+v, want one rule ending in %q", alert, rs, suffix)
+		}
+	}
+	for _, r := range ruleByAlert(groups, "CdcrelayNoStreamingRelay") {
+		if r.For != "2m" {
+			t.Errorf("CdcrelayNoStreamingRelay for %s: for %q, want 2m", r.Labels["source"], r.For)
+		}
+	}
+	for _, r := range ruleByAlert(groups, "CdcrelayNoStandby") {
+		if r.Labels["severity"] != "info" {
+			t.Errorf("CdcrelayNoStandby: severity %q, want info", r.Labels["severity"])
+		}
+	}
+	if rs := ruleByAlert(groups, "CdcrelayBrokerBlocked"); len(rs) != 0 {
+		t.Errorf("CdcrelayBrokerBlocked rendered though disabled")
+	}
+	if r := ruleByAlert(groups, "CdcrelaySlotLost"); len(r) != 1 || r[0].Annotations["runbook_url"] != "https://wiki.example.org/cdcrelay#cdcrelayslotlost" {
+		t.Errorf("runbookBaseURL not applied: %+v", r)
+	}
+	rules := groups[len(groups)-1].Rules
+	if last := rules[len(rules)-1]; last.Alert != "MyOwnAlert" || last.Expr != "vector(1)" {
+		t.Errorf("extraRules not appended: last rule %+v", last)
+	}
+}
+
+// TestAlertValuesSchema checks that the schema rejects misspelt alert keys, a
+// selector with braces and a duration Prometheus does not accept.
+func TestAlertValuesSchema(t *testing.T) {
+	t.Parallel()
+	for name, set := range map[string]string{
+		"misspelt key":     "monitoring.prometheusRule.noStandby.treshold=1",
+		"unknown alert":    "monitoring.prometheusRule.noSuchAlert.enabled=true",
+		"braces":           `monitoring.prometheusRule.selector={job="x"}`,
+		"bad duration":     "monitoring.prometheusRule.nacks.for=5 minutes",
+		"zero threshold":   "monitoring.prometheusRule.slotRetainedWal.threshold=0",
+		"dashboard typo":   "monitoring.grafanaDashboard.enable=true",
+		"runbook fragment": "monitoring.prometheusRule.runbookBaseURL=https://x/y#z",
+	} {
+		args := templateArgs(chartDir, []string{"alerts.yaml"}, "--set", set)
+		if _, stderr, err := runHelm(t, args...); err == nil || !exitError(err) || !strings.Contains(stderr, "schema") {
+			t.Errorf("%s (%s): rendered or failed for another reason: %v\n%s", name, set, err, stderr)
+		}
+	}
+}
+
+// TestPromtoolChecksEveryVariant runs `promtool check rules` over the rules of every
+// value set the tests render with alerts on.
+func TestPromtoolChecksEveryVariant(t *testing.T) {
+	t.Parallel()
+	on := []string{"--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.prometheusRule.endToEndSlow.enabled=true"}
+	for _, files := range [][]string{{"monitoring.yaml"}, {"multi.yaml"}, {"single.yaml"}, {"files.yaml"}, {"quoted.yaml"}, {"alerts.yaml"}, {"alerts-selector.yaml"}} {
+		t.Run(files[0], func(t *testing.T) {
+			t.Parallel()
+			groups := ruleGroups(t, files, on...)
+			if n := len(alertNames(groups)); n != len(defaultSeverity) {
+				t.Errorf("%d alerts rendered, want %d", n, len(defaultSeverity))
+			}
+			checkRules(t, groups)
+		})
+	}
+}
