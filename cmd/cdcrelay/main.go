@@ -98,8 +98,7 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 		return fmt.Errorf("configuration:\n%w", err)
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	svc, err := relay.NewService(cfg, log, reg)
+	svc, err := newService(cfg, log, reg)
 	if err != nil {
 		return err
 	}
@@ -129,6 +128,14 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 	err = g.Wait()
 	log.Info("exiting", "error", err)
 	return err
+}
+
+// newService builds the relay's stages with every metric `run` serves
+// registered with reg. docs/metrics.txt lists what it registers
+// (TestMetricsList), so register any new metric here or below it.
+func newService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*relay.Service, error) {
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return relay.NewService(cfg, log, reg)
 }
 
 func httpHandler(reg *prometheus.Registry, r *relay.Relay) http.Handler {

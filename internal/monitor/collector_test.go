@@ -158,3 +158,27 @@ func TestCollectorValues(t *testing.T) {
 		t.Errorf("%d series, want %d: %v", len(got), len(want)+1, got)
 	}
 }
+
+// TestCollectorValueTypes: ValueTypes names every metric Describe sends,
+// so that the list of the relay's metrics (docs/metrics.txt) has them all.
+func TestCollectorValueTypes(t *testing.T) {
+	c := newCollector("s1", time.Second, time.Now)
+	ch := make(chan *prometheus.Desc, 100)
+	c.Describe(ch)
+	close(ch)
+	types := c.ValueTypes()
+	n := 0
+	for d := range ch {
+		n++
+		found := false
+		for name := range types {
+			found = found || strings.Contains(d.String(), `fqName: "`+name+`"`)
+		}
+		if !found {
+			t.Errorf("no type for %s", d)
+		}
+	}
+	if n != len(types) || n != len(gaugeNames)+2 {
+		t.Fatalf("%d descs, %d types, want %d", n, len(types), len(gaugeNames)+2)
+	}
+}

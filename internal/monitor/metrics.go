@@ -33,6 +33,8 @@ type collector struct {
 
 	unpublished, parked, oldest, retained, lag, safeWAL, walStatus *prometheus.Desc
 	lastSuccess, holder                                            *prometheus.Desc
+	descs                                                          []*prometheus.Desc // all of the above
+	names                                                          []string           // their names
 
 	mu     sync.Mutex
 	held   bool
@@ -42,30 +44,42 @@ type collector struct {
 
 func newCollector(slot string, interval time.Duration, now func() time.Time) *collector {
 	labels := prometheus.Labels{"slot": slot}
+	c := &collector{interval: interval, now: now}
 	d := func(name, help string, variable ...string) *prometheus.Desc {
-		return prometheus.NewDesc(name, help, variable, labels)
+		desc := prometheus.NewDesc(name, help, variable, labels)
+		c.descs, c.names = append(c.descs, desc), append(c.names, name)
+		return desc
 	}
-	return &collector{
-		interval:    interval,
-		now:         now,
-		unpublished: d("cdcrelay_outbox_unpublished", "Outbox rows with published_at IS NULL that are not parked (last_error IS NULL). Exported only by the replica holding the monitor lock, while fresh."),
-		parked:      d("cdcrelay_outbox_parked", "Parked poison rows: published_at IS NULL AND last_error IS NOT NULL (0 without a last_error column). Exported only by the monitor lock's holder, while fresh."),
-		oldest:      d("cdcrelay_oldest_unpublished_age_seconds", "Age of the oldest unpublished, not parked outbox row (0 when none; NaN when the table has no enqueued_at column). Exported only by the monitor lock's holder, while fresh."),
-		retained:    d("cdcrelay_slot_retained_wal_bytes", "WAL the slot makes PostgreSQL keep: current WAL position minus restart_lsn. Exported only by the monitor lock's holder, while fresh."),
-		lag:         d("cdcrelay_slot_lag_bytes", "Current WAL position minus the slot's confirmed_flush_lsn. Exported only by the monitor lock's holder, while fresh."),
-		safeWAL:     d("cdcrelay_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is invalidated (-1: max_slot_wal_keep_size unlimited). Exported only by the monitor lock's holder, while fresh."),
-		walStatus:   d("cdcrelay_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others. Exported only by the monitor lock's holder, while fresh.", "status"),
-		lastSuccess: d("cdcrelay_monitor_last_success_timestamp_seconds", "Unix time of this process's last successful backlog and slot refresh (0: none yet)."),
-		holder:      d("cdcrelay_monitor_holder", "1 while this replica holds the monitor lock and so refreshes the backlog and slot gauges."),
-	}
+	c.unpublished = d("cdcrelay_outbox_unpublished", "Outbox rows with published_at IS NULL that are not parked (last_error IS NULL). Exported only by the monitor lock's holder, while fresh.")
+	c.parked = d("cdcrelay_outbox_parked", "Parked poison rows: published_at IS NULL AND last_error IS NOT NULL (0 without a last_error column). Exported only by the monitor lock's holder, while fresh.")
+	c.oldest = d("cdcrelay_oldest_unpublished_age_seconds", "Age of the oldest unpublished, not parked outbox row (0 when none; NaN when the table has no enqueued_at column). Exported only by the monitor lock's holder, while fresh.")
+	c.retained = d("cdcrelay_slot_retained_wal_bytes", "WAL the slot makes PostgreSQL keep: current WAL position minus restart_lsn. Exported only by the monitor lock's holder, while fresh.")
+	c.lag = d("cdcrelay_slot_lag_bytes", "Current WAL position minus the slot's confirmed_flush_lsn. Exported only by the monitor lock's holder, while fresh.")
+	c.safeWAL = d("cdcrelay_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is invalidated (-1: max_slot_wal_keep_size unlimited). Exported only by the monitor lock's holder, while fresh.")
+	c.walStatus = d("cdcrelay_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others. Exported only by the monitor lock's holder, while fresh.", "status")
+	c.lastSuccess = d("cdcrelay_monitor_last_success_timestamp_seconds", "Unix time of this process's last successful backlog and slot refresh (0: none yet).")
+	c.holder = d("cdcrelay_monitor_holder", "1 while this replica holds the monitor lock and so refreshes the backlog and slot gauges.")
+	return c
 }
 
 // Describe sends every metric the collector can export, the conditional
 // ones included, so that the registry checks them once at registration.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.unpublished, c.parked, c.oldest, c.retained, c.lag, c.safeWAL, c.walStatus, c.lastSuccess, c.holder} {
+	for _, d := range c.descs {
 		ch <- d
 	}
+}
+
+// ValueTypes names the type of every metric the collector can export,
+// those hidden now included: a Desc does not carry its type, and listings of
+// the registry (docs/metrics.txt) must not depend on whether this replica
+// holds the lock when they are made.
+func (c *collector) ValueTypes() map[string]prometheus.ValueType {
+	out := make(map[string]prometheus.ValueType, len(c.names))
+	for _, name := range c.names {
+		out[name] = prometheus.GaugeValue // all of them
+	}
+	return out
 }
 
 // Collect exports the state as of now.
