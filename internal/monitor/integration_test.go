@@ -382,3 +382,29 @@ func TestIntegrationMonitorLock(t *testing.T) {
 		}
 	}
 }
+
+// TestIntegrationMonitorIgnoresIdleSessionTimeout: an idle_session_timeout
+// on the role shorter than the interval ends neither the holder's session
+// nor its lock: the same backend holds it turn after turn, without errors.
+func TestIntegrationMonitorIgnoresIdleSessionTimeout(t *testing.T) {
+	db, dbURL := database(t)
+	exec(t, db, `CREATE ROLE mon LOGIN PASSWORD 'mon-pw'; GRANT SELECT ON event_outbox TO mon; ALTER ROLE mon SET idle_session_timeout = '300ms'`)
+	u, err := url.Parse(withApp(t, dbURL, "mon_idle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("mon", "mon-pw")
+	r := start(t, Options{DatabaseURL: u.String(), Schema: "public", Table: "event_outbox", Interval: time.Second})
+	waitFor(t, "the monitor to hold the lock", func() bool { return isHolder(t, r) })
+	holder := lockHolder(t, db)
+	first := r.series(t)[lastSuccessKey]
+	waitFor(t, "three more refreshes", func() bool { return r.series(t)[lastSuccessKey] >= first+3 })
+	if now := lockHolder(t, db); now != holder || holder == 0 {
+		t.Fatalf("monitor lock held by %d, then %d; want the same session throughout:\n%s", holder, now, r.logs.String())
+	}
+	if n := testutilCounter(t, r.reg, "cdcrelay_monitor_errors_total"); n != 0 {
+		t.Fatalf("%v monitor errors:\n%s", n, r.logs.String())
+	}
+}
+
+const lastSuccessKey = "cdcrelay_monitor_last_success_timestamp_seconds{slot=s1}"

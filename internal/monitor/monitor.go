@@ -12,11 +12,15 @@ package monitor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/slot"
@@ -127,15 +131,53 @@ func (m *Monitor) turn(ctx context.Context) {
 	}
 }
 
+// connParams are set on the monitor's connection unless the URL sets
+// them. Server-side keepalives end the backend of a holder whose host
+// vanished without closing its socket within about 25 s instead of the
+// operating system's two hours, so the lock does not stay with it.
+var connParams = map[string]string{
+	"application_name":        "cdcrelay",
+	"tcp_keepalives_idle":     "10",
+	"tcp_keepalives_interval": "5",
+	"tcp_keepalives_count":    "3",
+}
+
+// connect opens the monitor's connection. It sits idle between turns, so
+// an idle_session_timeout on the role (PostgreSQL 14 and later) would end
+// it, and the holder's lock with it, every interval: it is turned off once
+// per connection, not per turn.
 func (m *Monitor) connect(ctx context.Context) error {
+	cfg, err := pgx.ParseConfig(m.opts.DatabaseURL)
+	if err != nil {
+		return errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
+	}
+	for k, v := range connParams {
+		if _, set := cfg.RuntimeParams[k]; !set {
+			cfg.RuntimeParams[k] = v
+		}
+	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	db, err := pgx.Connect(cctx, m.opts.DatabaseURL)
+	db, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
+	if serverMajor(db.PgConn()) >= 14 {
+		if _, err := db.Exec(cctx, "SET idle_session_timeout = 0"); err != nil {
+			_ = db.Close(context.WithoutCancel(ctx))
+			return fmt.Errorf("set up the connection: %w", err)
+		}
+	}
 	m.db, m.sql = db, ""
 	return nil
+}
+
+// serverMajor is the server's major version (15 for "15.4"), 0 if unknown.
+func serverMajor(c *pgconn.PgConn) int {
+	v := c.ParameterStatus("server_version")
+	major, _, _ := strings.Cut(v, ".")
+	n, _ := strconv.Atoi(strings.TrimFunc(major, func(r rune) bool { return r < '0' || r > '9' }))
+	return n
 }
 
 // tryLock takes the monitor lock if it is free. Session advisory locks
