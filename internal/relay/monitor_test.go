@@ -168,7 +168,7 @@ func monitorRole(t *testing.T, addr string) (holder bool, series map[string]floa
 func TestIntegrationMonitorOneHolder(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	vars := func(addr, app string) map[string]string {
-		return map[string]string{"HTTP_ADDR": addr, "DATABASE_URL": slotownURL(t, e.relayURL, app), "MONITOR_INTERVAL": "300ms", "LOG_LEVEL": "info"}
+		return map[string]string{"HTTP_ADDR": addr, "DATABASE_URL": slotownURL(t, e.relayURL, app), "MONITOR_INTERVAL": "500ms", "LOG_LEVEL": "info"}
 	}
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	a := e.startProcess(vars(addrA, "mon_a"))
@@ -200,7 +200,7 @@ func TestIntegrationMonitorOneHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	took := pollUntil(t, 30*time.Second, "b to take over the monitor", func() bool { h, _ := monitorRole(t, addrB); return h })
-	t.Logf("monitor taken over %s after the holder's SIGKILL (interval 300ms)", took.Round(time.Millisecond))
+	t.Logf("monitor taken over %s after the holder's SIGKILL (interval 500ms)", took.Round(time.Millisecond))
 	waitReady(t, addrB, "streaming", 30*time.Second)
 
 	// c waits; the test ends b's monitor session and takes the lock: b
