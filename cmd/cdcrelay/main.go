@@ -104,8 +104,7 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 	warnUnknown(log, os.Environ())
 	setMemoryLimit(log, os.Getenv, systemCgroup)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
-	svc, err := relay.NewService(cfg, log, reg)
+	svc, err := newService(cfg, log, reg)
 	if err != nil {
 		return err
 	}
@@ -171,6 +170,14 @@ func warnUnknown(log *slog.Logger, environ []string) {
 	}
 	log.Warn("ignoring unknown CDCRELAY_* environment variables (a misspelt name leaves its setting at the default)",
 		"variables", strings.Join(names, ", "))
+}
+
+// newService builds the relay's stages with every metric `run` serves
+// registered with reg. docs/metrics.txt lists what it registers
+// (TestMetricsList), so register any new metric here or below it.
+func newService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*relay.Service, error) {
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
+	return relay.NewService(cfg, log, reg)
 }
 
 func httpHandler(reg *prometheus.Registry, r *relay.Relay) http.Handler {

@@ -1,16 +1,29 @@
 // Package monitor reads the outbox backlog and the slot's health on a slow
 // cadence, never on the hot path, and exports them as metrics.
+//
+// Every replica of a slot runs a monitor, whatever its role. They compete
+// for the monitor lock (a session advisory lock in the outbox database, see
+// slot.MonitorLockClass): the one holding it refreshes every interval, so
+// the gauges stay fresh during a broker outage or while nothing streams;
+// the others run one pg_try_advisory_lock per interval and nothing else.
+// Only the holder exports the gauges, and only while its last refresh is
+// recent (docs/architecture.md, monitor).
 package monitor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // Options configure a Monitor.
@@ -19,150 +32,190 @@ type Options struct {
 	Schema, Table string
 	Slot          string
 	Interval      time.Duration
-	// Active reports whether this process holds the slot (streams it, or
-	// publishes a new slot's backlog). Only then does it query, so a
-	// standby adds no load on the primary.
-	Active func() bool
+	// Now is the clock the freshness of the gauges is judged by; nil
+	// means time.Now.
+	Now func() time.Time
 }
 
-// Monitor is a stage that refreshes its gauges every Interval.
+// Monitor is a stage that refreshes its gauges every Interval while it
+// holds the monitor lock.
 type Monitor struct {
-	opts Options
-	log  *slog.Logger
-	m    *metrics
+	opts   Options
+	log    *slog.Logger
+	c      *collector
+	errors prometheus.Counter
+
+	// Only the Run goroutine uses the fields below.
+	db   *pgx.Conn // the monitor's own connection; nil when closed
+	held bool      // db's session holds the monitor lock
 	// sql is the query for the table as last inspected; "" until a
 	// connection has looked at the table, and again after a failure (the
-	// table may have changed). Only the Run goroutine uses it.
+	// table may have changed).
 	sql    string
-	warned bool // the missing enqueued_at column was logged
+	warned map[string]bool // missing columns already logged
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.
 var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 
+// minQueryTimeout bounds a statement's timeout from below, so that a short
+// interval on a busy machine does not turn slow statements into lost locks.
+const minQueryTimeout = 5 * time.Second
+
 // New returns a Monitor with its metrics registered with reg.
 func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Monitor {
-	return &Monitor{opts: opts, log: log, m: newMetrics(reg, opts.Slot)}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	m := &Monitor{
+		opts: opts, log: log, warned: map[string]bool{},
+		c: newCollector(opts.Slot, opts.Interval, now),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_monitor_errors_total", Help: "Monitor connections and statements (lock attempts, backlog and slot health queries) that failed.",
+			ConstLabels: prometheus.Labels{"slot": opts.Slot},
+		}),
+	}
+	reg.MustRegister(m.c, m.errors)
+	return m
 }
 
-// query returns the backlog and slot health query for the table as it is
-// now. The backlog's age needs enqueued_at; a mapped table without it gets
-// the count alone (the age is NULL, exported as NaN), logged once.
-func (m *Monitor) query(ctx context.Context, db *pgx.Conn) (string, error) {
-	if m.sql != "" {
-		return m.sql, nil
-	}
-	table := pgx.Identifier{m.opts.Schema, m.opts.Table}.Sanitize()
-	var hasEnqueued bool
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-		WHERE attrelid = $1::regclass AND attname = 'enqueued_at' AND attnum > 0 AND NOT attisdropped)`, table).Scan(&hasEnqueued)
-	if err != nil {
-		return "", fmt.Errorf("inspect %s: %w", table, err)
-	}
-	age := "(SELECT coalesce(extract(epoch FROM now() - min(enqueued_at)), 0)::float8 FROM %[1]s WHERE published_at IS NULL)"
-	if !hasEnqueued {
-		age = "NULL::float8"
-		if !m.warned {
-			m.warned = true
-			m.log.Warn("the outbox table has no enqueued_at column: cdcrelay_oldest_unpublished_age_seconds is NaN; the backlog count is still reported", "table", table)
-		}
-	}
-	m.sql = fmt.Sprintf(`
-		SELECT (SELECT count(*) FROM %[1]s WHERE published_at IS NULL),
-		       `+age+`,
-		       s.wal_status, s.safe_wal_size,
-		       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0),
-		       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)
-		FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, table)
-	return m.sql, nil
-}
-
-// Run refreshes the metrics until ctx ends. Failures are logged and
-// counted; the next tick tries again with a new connection.
+// Run tries at once, then every Interval, until ctx ends. Failures are
+// logged and counted; the next turn tries again with a new connection.
+// The connection is closed on return, which releases the lock.
 func (m *Monitor) Run(ctx context.Context) error {
-	var db *pgx.Conn
-	defer func() {
-		if db != nil {
-			_ = db.Close(context.Background())
-		}
-	}()
+	defer m.drop()
 	tick := time.NewTicker(m.opts.Interval)
 	defer tick.Stop()
 	for {
+		m.turn(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
-		if m.opts.Active != nil && !m.opts.Active() {
-			// A standby (or a demoted relay) holds no backend for it.
-			if db != nil {
-				_ = db.Close(ctx)
-				db = nil
-			}
-			continue
-		}
-		if db == nil || db.IsClosed() {
-			var err error
-			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			db, err = pgx.Connect(cctx, m.opts.DatabaseURL)
-			cancel()
-			if err != nil {
-				m.fail(ctx, fmt.Errorf("connect: %w", err))
-				db = nil
-				continue
-			}
-			m.sql = ""
-		}
-		if err := m.refresh(ctx, db); err != nil {
-			m.sql = "" // inspect the table again: it may have changed
+	}
+}
+
+// turn is one interval's work: a non-holder tries the lock (one statement)
+// and stops there unless it got it; the holder refreshes.
+func (m *Monitor) turn(ctx context.Context) {
+	if m.db == nil {
+		if err := m.connect(ctx); err != nil {
 			m.fail(ctx, err)
+			return
 		}
 	}
+	if !m.held {
+		ok, err := m.tryLock(ctx)
+		if err != nil {
+			m.fail(ctx, err)
+			m.drop()
+			return
+		}
+		if !ok {
+			return
+		}
+		m.held = true
+		m.c.setHolder(true)
+		m.log.Info("took the monitor lock: this replica refreshes the backlog and slot gauges")
+	}
+	if err := m.refresh(ctx); err != nil {
+		m.sql = "" // inspect the table again: it may have changed
+		m.fail(ctx, err)
+		// A dead session took the lock with it (pgx also closes the
+		// connection when a statement outlives its timeout).
+		if m.db.IsClosed() {
+			m.drop()
+		}
+	}
+}
+
+// connParams are set on the monitor's connection unless the URL sets
+// them. Server-side keepalives end the backend of a holder whose host
+// vanished without closing its socket within about 25 s instead of the
+// operating system's two hours, so the lock does not stay with it.
+var connParams = map[string]string{
+	"application_name":        "cdcrelay",
+	"tcp_keepalives_idle":     "10",
+	"tcp_keepalives_interval": "5",
+	"tcp_keepalives_count":    "3",
+}
+
+// connect opens the monitor's connection. It sits idle between turns, so
+// an idle_session_timeout on the role (PostgreSQL 14 and later) would end
+// it, and the holder's lock with it, every interval: it is turned off once
+// per connection, not per turn.
+func (m *Monitor) connect(ctx context.Context) error {
+	cfg, err := pgx.ParseConfig(m.opts.DatabaseURL)
+	if err != nil {
+		return errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
+	}
+	for k, v := range connParams {
+		if _, set := cfg.RuntimeParams[k]; !set {
+			cfg.RuntimeParams[k] = v
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	db, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	if serverMajor(db.PgConn()) >= 14 {
+		if _, err := db.Exec(cctx, "SET idle_session_timeout = 0"); err != nil {
+			_ = db.Close(context.WithoutCancel(ctx))
+			return fmt.Errorf("set up the connection: %w", err)
+		}
+	}
+	m.db, m.sql = db, ""
+	return nil
+}
+
+// serverMajor is the server's major version (15 for "15.4"), 0 if unknown.
+func serverMajor(c *pgconn.PgConn) int {
+	v := c.ParameterStatus("server_version")
+	major, _, _ := strings.Cut(v, ".")
+	n, _ := strconv.Atoi(strings.TrimFunc(major, func(r rune) bool { return r < '0' || r > '9' }))
+	return n
+}
+
+// tryLock takes the monitor lock if it is free. Session advisory locks
+// stack, so it is only called while this session does not hold it.
+func (m *Monitor) tryLock(ctx context.Context) (bool, error) {
+	qctx, cancel := m.statementContext(ctx)
+	defer cancel()
+	var ok bool
+	err := m.db.QueryRow(qctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, slot.MonitorLockClass, m.opts.Slot).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("try the monitor lock: %w", err)
+	}
+	return ok, nil
+}
+
+// drop closes the connection, and with it the lock if held.
+func (m *Monitor) drop() {
+	if m.held {
+		m.held = false
+		m.c.setHolder(false)
+		m.log.Info("released the monitor lock (connection closed)")
+	}
+	if m.db != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = m.db.Close(ctx)
+		cancel()
+		m.db = nil
+	}
+	m.sql = ""
+}
+
+func (m *Monitor) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, max(m.opts.Interval, minQueryTimeout))
 }
 
 func (m *Monitor) fail(ctx context.Context, err error) {
 	if ctx.Err() == nil {
-		m.m.errors.Inc()
-		m.log.Warn("monitor query failed; will retry", "error", err)
+		m.errors.Inc()
+		m.log.Warn("monitor failed; will retry", "error", err)
 	}
-}
-
-func (m *Monitor) refresh(ctx context.Context, db *pgx.Conn) error {
-	qctx, cancel := context.WithTimeout(ctx, m.opts.Interval)
-	defer cancel()
-	sql, err := m.query(qctx, db)
-	if err != nil {
-		return err
-	}
-	var pending int64
-	var retained, lag float64
-	var age *float64
-	var status *string
-	var safe *int64
-	if err := db.QueryRow(qctx, sql, m.opts.Slot).Scan(&pending, &age, &status, &safe, &retained, &lag); err != nil {
-		return fmt.Errorf("read backlog and slot health: %w", err)
-	}
-	m.m.pending.Set(float64(pending))
-	if age != nil {
-		m.m.oldest.Set(*age)
-	} else {
-		m.m.oldest.Set(math.NaN())
-	}
-	m.m.retained.Set(retained)
-	m.m.lag.Set(lag)
-	for _, s := range walStatuses {
-		v := 0.0
-		if status != nil && *status == s {
-			v = 1
-		}
-		m.m.walStatus.WithLabelValues(s).Set(v)
-	}
-	// safe_wal_size is NULL when max_slot_wal_keep_size is unlimited.
-	if safe != nil {
-		m.m.safeWAL.Set(float64(*safe))
-	} else {
-		m.m.safeWAL.Set(-1)
-	}
-	return nil
 }

@@ -110,9 +110,9 @@ func TestIntegrationJanitorMarksInBatches(t *testing.T) {
 	t.Logf("%d rows marked by %d UPDATE statements", updated, calls)
 
 	deadline := time.Now().Add(5 * time.Second)
-	for gauge(t, r.reg, "cdcrelay_outbox_unpublished") != 0 || gauge(t, r.reg, "cdcrelay_janitor_marked_total") != float64(len(rows)) {
+	for monitorGauge(t, r.reg, "cdcrelay_outbox_unpublished") != 0 || gauge(t, r.reg, "cdcrelay_janitor_marked_total") != float64(len(rows)) {
 		if time.Now().After(deadline) {
-			t.Fatalf("unpublished gauge %v, marked %v", gauge(t, r.reg, "cdcrelay_outbox_unpublished"), gauge(t, r.reg, "cdcrelay_janitor_marked_total"))
+			t.Fatalf("unpublished gauge %v, marked %v", monitorGauge(t, r.reg, "cdcrelay_outbox_unpublished"), gauge(t, r.reg, "cdcrelay_janitor_marked_total"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -166,7 +166,7 @@ func TestIntegrationJanitorNeverMarksUnacked(t *testing.T) {
 	if n := unmarked(t, e, rows); n != len(rows) {
 		t.Fatalf("%d rows marked published before the broker confirmed them", len(rows)-n)
 	}
-	if g := gauge(t, r.reg, "cdcrelay_outbox_unpublished"); g != float64(len(rows)) {
+	if g := monitorGauge(t, r.reg, "cdcrelay_outbox_unpublished"); g != float64(len(rows)) {
 		t.Fatalf("unpublished gauge %v, want %d", g, len(rows))
 	}
 	proxy.HoldDownstream(false)

@@ -108,7 +108,8 @@ func TestIntegrationAdoptionProgress(t *testing.T) {
 			if n > 0 && n < backlog {
 				progress, sample = true, n
 			}
-			monitored = monitored || gauge(t, r.reg, "cdcrelay_outbox_unpublished") > 0
+			v, exported := monitorValue(t, r.reg, "cdcrelay_outbox_unpublished")
+			monitored = monitored || (exported && v > 0)
 		}
 		time.Sleep(10 * time.Millisecond)
 		return r.relay.Streaming()
@@ -157,8 +158,8 @@ func TestIntegrationMonitorWithoutEnqueuedAt(t *testing.T) {
 		t.Fatal(err)
 	}
 	insertTxns(t, e.db, "stuck", 3)
-	r.WaitFor(t, 30*time.Second, "the backlog gauge at 3", func() bool { return gauge(t, r.reg, "cdcrelay_outbox_unpublished") == 3 })
-	if age := gauge(t, r.reg, "cdcrelay_oldest_unpublished_age_seconds"); !math.IsNaN(age) {
+	r.WaitFor(t, 30*time.Second, "the backlog gauge at 3", func() bool { return monitorGauge(t, r.reg, "cdcrelay_outbox_unpublished") == 3 })
+	if age := monitorGauge(t, r.reg, "cdcrelay_oldest_unpublished_age_seconds"); !math.IsNaN(age) {
 		t.Fatalf("age gauge %v without enqueued_at, want NaN", age)
 	}
 	if _, err := e.db.Exec(ctx, `ALTER TABLE event_outbox ALTER COLUMN id TYPE text`); err != nil {
@@ -166,7 +167,7 @@ func TestIntegrationMonitorWithoutEnqueuedAt(t *testing.T) {
 	}
 	insertTxns(t, e.db, "stuck", 2)
 	r.WaitFor(t, 30*time.Second, "the backlog gauge at 5 after ALTER COLUMN id TYPE", func() bool {
-		return gauge(t, r.reg, "cdcrelay_outbox_unpublished") == 5
+		return monitorGauge(t, r.reg, "cdcrelay_outbox_unpublished") == 5
 	})
 	time.Sleep(500 * time.Millisecond) // a few more ticks
 	if n := gauge(t, r.reg, "cdcrelay_monitor_errors_total"); n != 0 {

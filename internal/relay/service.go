@@ -42,11 +42,11 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 		Retention: time.Duration(cfg.Retention), Interval: time.Duration(cfg.RetentionInterval),
 		Batch: cfg.RetentionBatch, Active: active,
 	}, log.With("stage", "retention"), reg)
-	// The monitor also reports the backlog while an adoption publishes it.
-	holder := func() bool { return s.Relay.Streaming() || s.Relay.Adopting() }
+	// The monitor does not follow the role: whichever replica holds the
+	// monitor lock refreshes, so the gauges stay fresh when nothing streams.
 	s.monitor = monitor.New(monitor.Options{
 		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, Slot: cfg.Slot,
-		Interval: cfg.MonitorInterval, Active: holder,
+		Interval: cfg.MonitorInterval,
 	}, log.With("stage", "monitor"), reg)
 	if s.Relay, err = New(cfg, s.janitor, log, reg); err != nil {
 		return nil, err
