@@ -26,9 +26,13 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 		connected: map[string]bool{},
 		slotLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_slot_lost_total", Help: "Times the slot was found invalidated (wal_status=lost).",
+			ConstLabels: prometheus.Labels{"slot": slotName},
 		}),
 		backfilled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_backfill_events_total", Help: "Events published from a new slot's snapshot (adoption or recreation).",
+			// The slot label lets an alert on one slot see its adoption
+			// progressing (CdcrelayNoStreamingRelay holds off meanwhile).
+			ConstLabels: prometheus.Labels{"slot": slotName},
 		}),
 		role: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name:        "cdcrelay_role",

@@ -54,6 +54,7 @@ var slotLabelled = map[string]bool{
 	"cdcrelay_monitor_errors_total": true, "cdcrelay_outbox_unpublished": true, "cdcrelay_outbox_parked": true,
 	"cdcrelay_oldest_unpublished_age_seconds": true, "cdcrelay_slot_retained_wal_bytes": true,
 	"cdcrelay_slot_lag_bytes": true, "cdcrelay_slot_safe_wal_size_bytes": true, "cdcrelay_slot_wal_status": true,
+	"cdcrelay_slot_lost_total": true, "cdcrelay_backfill_events_total": true,
 }
 
 func (r replica) series() []inputSeries {
@@ -67,6 +68,7 @@ func (r replica) series() []inputSeries {
 		"cdcrelay_poison_events_total":                    "0x40",
 		"cdcrelay_janitor_errors_total":                   "0x40",
 		"cdcrelay_slot_lost_total":                        "0x40",
+		"cdcrelay_backfill_events_total":                  "0x40",
 		"cdcrelay_broker_blocked":                         "0x40",
 		// Every event confirmed within 100ms.
 		`cdcrelay_commit_to_ack_seconds_bucket{le="0.1"}`:  "0+10x40",
@@ -313,6 +315,19 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 				fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
 				fire("30m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
 			}},
+		{name: "adoption of orders publishing its backlog: no streamer, but no page while the backfill advances",
+			replicas: withBilling(
+				replica{target: o("a"), slot: orders.slot, role: "starting", holder: true,
+					set: map[string]string{"cdcrelay_backfill_events_total": "0+1000x40"}},
+				replica{target: o("b"), slot: orders.slot, role: "standby"}),
+			quietAt: []string{"10m", "30m", "40m"}},
+		{name: "adoption of orders stalls: the page comes once the backfill stops advancing",
+			replicas: withBilling(
+				replica{target: o("a"), slot: orders.slot, role: "starting", holder: true,
+					set: map[string]string{"cdcrelay_backfill_events_total": "0+1000x10 10000x30"}},
+				replica{target: o("b"), slot: orders.slot, role: "standby"}),
+			quietAt: []string{"10m"},
+			fire:    []firing{fire("25m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders))}},
 		{name: "total outage of orders: no replica scraped at all",
 			replicas: withBilling(),
 			fire:     []firing{fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders))}},
@@ -348,12 +363,12 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 				`cdcrelay_slot_wal_status{status="reserved"}`: "1x4 0x36", `cdcrelay_slot_wal_status{status="lost"}`: "0x4 1x36",
 				"cdcrelay_slot_lost_total": "0x4 1x36"})...),
 			quietAt: []string{"3m"},
-			fire:    []firing{fire("10m", "CdcrelaySlotLost", v.bySvc("CdcrelaySlotLost", orders))}},
+			fire:    []firing{fire("10m", "CdcrelaySlotLost", v.bySlot("CdcrelaySlotLost", orders))}},
 		{name: "slot lost and recreated: the counter alone fires for an hour",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_lost_total": "0x4 1x36"})...),
 			fire: []firing{
-				fire("10m", "CdcrelaySlotLost", v.bySvc("CdcrelaySlotLost", orders)),
-				fire("40m", "CdcrelaySlotLost", v.bySvc("CdcrelaySlotLost", orders)),
+				fire("10m", "CdcrelaySlotLost", v.bySlot("CdcrelaySlotLost", orders)),
+				fire("40m", "CdcrelaySlotLost", v.bySlot("CdcrelaySlotLost", orders)),
 			}},
 		{name: "oldest unpublished row above the threshold",
 			replicas: withBilling(ordersWith(o, map[string]string{
@@ -429,7 +444,7 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 			fullAnnotations: map[string]map[string]string{
 				"CdcrelayNoStreamingRelay": {
 					"summary":     "No relay streams slot cdcrelay_orders (svc/rel-cdcrelay-orders)",
-					"description": "No scraped replica of svc/rel-cdcrelay-orders reports role=streaming: the pods are down, not scraped, still starting, or all waiting as standbys. Outbox events are not published; PostgreSQL keeps the WAL for slot cdcrelay_orders meanwhile.",
+					"description": "No scraped replica of svc/rel-cdcrelay-orders reports role=streaming: the pods are down, not scraped, still starting, or all waiting as standbys (an adoption or slot recreation that publishes its backlog does not count while the backfill advances). Outbox events are not published; PostgreSQL keeps the WAL for slot cdcrelay_orders meanwhile.",
 					"runbook_url": runbookBase + "#cdcrelaynostreamingrelay",
 				},
 				"CdcrelaySlotRetainedWalHigh": {
