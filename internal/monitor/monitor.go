@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
@@ -160,7 +161,7 @@ func (m *Monitor) connect(ctx context.Context) error {
 	defer cancel()
 	db, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return fmt.Errorf("connect: %w", pgerr.Connect(err))
 	}
 	if serverMajor(db.PgConn()) >= 14 {
 		if _, err := db.Exec(cctx, "SET idle_session_timeout = 0"); err != nil {
