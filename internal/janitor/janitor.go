@@ -24,6 +24,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
 
 // Options configure a Janitor.
@@ -307,7 +309,11 @@ func (j *Janitor) connect(ctx context.Context) error {
 	j.metrics.connects.Inc()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	db, err := pgx.Connect(cctx, j.opts.DatabaseURL)
+	cfg, err := pgconnect.Config(j.opts.DatabaseURL, nil)
+	if err != nil {
+		return err
+	}
+	db, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", pgerr.Connect(err))
 	}
@@ -451,7 +457,7 @@ func (j *Janitor) park(ctx context.Context, p parked) error {
 	switch {
 	case err == nil:
 		j.metrics.parked.Inc()
-	case errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "42703"):
+	case errors.As(err, &pgErr) && (pgErr.Code == pgerr.InsufficientPrivilege || pgErr.Code == pgerr.UndefinedColumn):
 		j.metrics.parkUnrecorded.Inc()
 		if !j.parkNoted {
 			j.parkNoted = true
@@ -475,9 +481,9 @@ func (j *Janitor) forgetStale(err error) {
 		return
 	}
 	switch pgErr.Code {
-	case "42883", // operator does not exist: the column is not of the cast type any more
-		"42804", // datatype mismatch
-		"0A000": // cached plan must not change result type
+	case pgerr.UndefinedFunction, // operator does not exist: the column is not of the cast type any more
+		pgerr.DatatypeMismatch,    // datatype mismatch
+		pgerr.FeatureNotSupported: // cached plan must not change result type
 		j.markSQL, j.parkSQL = "", ""
 		j.log.Info("the outbox id column's type changed; rebuilding the janitor's statements", "error", err)
 	}
