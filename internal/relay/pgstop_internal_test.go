@@ -50,7 +50,7 @@ func TestWatchStopping(t *testing.T) {
 			t.Fatalf("%s: watchStopping did not return", c.name)
 		}
 	}
-	if Fatal(fmt.Errorf("session: %w", ErrDatabaseStopping)) {
+	if IsFatal(fmt.Errorf("session: %w", ErrDatabaseStopping)) {
 		t.Fatal("ErrDatabaseStopping ends the relay instead of a session")
 	}
 }

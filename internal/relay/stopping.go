@@ -10,7 +10,7 @@ import (
 // from the slot's confirmed position once the database is back.
 var ErrDatabaseStopping = errors.New("database is shutting down; ending the replication session so it can stop; unmarked events will be published again")
 
-// stopSignaler is a Marker that learns when the database is shutting down
+// stopSignaler is an Outcomes recorder that learns when the database is shutting down
 // (the janitor): Stopping returns a channel closed at the next such failure.
 type stopSignaler interface {
 	Stopping() <-chan struct{}
@@ -18,7 +18,7 @@ type stopSignaler interface {
 
 // markerStopping returns the marker's shutdown signal, nil (never ready)
 // if it has none. A session takes it before it streams.
-func markerStopping(m Marker) <-chan struct{} {
+func markerStopping(m Outcomes) <-chan struct{} {
 	if s, ok := m.(stopSignaler); ok {
 		return s.Stopping()
 	}
