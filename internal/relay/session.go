@@ -11,6 +11,9 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
+// This file is one session's life: the slot lock, the setup under it,
+// adoption or resume, then the stream.
+
 // connectTimeout bounds a connection attempt to PostgreSQL (TCP connect
 // and startup) unless the URL sets connect_timeout: a server that accepts
 // but never answers must fail the attempt, not hang the relay.
