@@ -46,7 +46,7 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	r.touch()
 	r.setRole(RoleStreaming)
 
-	stopping, readerDone := markerStopping(r.outcomes), make(chan struct{})
+	stopping, readerDone := outcomesStopping(r.outcomes), make(chan struct{})
 	g.Go(func() error { defer close(readerDone); return reader.Run(gctx) })
 	g.Go(func() error { return publisher.Run(gctx) })
 	g.Go(func() error { return watchStopping(gctx, stopping, readerDone) })
