@@ -5,6 +5,8 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
 // Stopping returns a channel that is closed the next time a write fails
@@ -49,7 +51,7 @@ func (j *Janitor) stopped() {
 // Permission errors (42501) and the like are not shutdowns: delivery goes
 // on and the slot waits until marking works again.
 func ShuttingDown(err error) bool {
-	return hasCode(err, "57P02", "57P03")
+	return hasCode(err, pgerr.CrashShutdown, pgerr.CannotConnectNow)
 }
 
 // Terminated reports whether err is 57P01 admin_shutdown: the janitor's
@@ -57,7 +59,7 @@ func ShuttingDown(err error) bool {
 // pg_terminate_backend. Right after a lost connection, a new backend
 // ended at once counts as a shutdown too.
 func Terminated(err error) bool {
-	return hasCode(err, "57P01")
+	return hasCode(err, pgerr.AdminShutdown)
 }
 
 func hasCode(err error, codes ...string) bool {

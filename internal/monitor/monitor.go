@@ -12,7 +12,6 @@ package monitor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -25,6 +24,8 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
 
 // Options configure a Monitor.
@@ -137,7 +138,6 @@ func (m *Monitor) turn(ctx context.Context) {
 // vanished without closing its socket within about 25 s instead of the
 // operating system's two hours, so the lock does not stay with it.
 var connParams = map[string]string{
-	"application_name":        "cdcrelay",
 	"tcp_keepalives_idle":     "10",
 	"tcp_keepalives_interval": "5",
 	"tcp_keepalives_count":    "3",
@@ -148,14 +148,9 @@ var connParams = map[string]string{
 // it, and the holder's lock with it, every interval: it is turned off once
 // per connection, not per turn.
 func (m *Monitor) connect(ctx context.Context) error {
-	cfg, err := pgx.ParseConfig(m.opts.DatabaseURL)
+	cfg, err := pgconnect.Config(m.opts.DatabaseURL, connParams)
 	if err != nil {
-		return errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
-	}
-	for k, v := range connParams {
-		if _, set := cfg.RuntimeParams[k]; !set {
-			cfg.RuntimeParams[k] = v
-		}
+		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

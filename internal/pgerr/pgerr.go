@@ -1,5 +1,6 @@
 // Package pgerr formats PostgreSQL connection errors so that they lead with
-// their real cause.
+// their real cause, and names the SQLSTATE codes the relay tells apart
+// (codes.go).
 //
 // With sslmode=prefer, the default, pgconn first tries TLS and then, when
 // the server refuses it, connects without TLS; when that second attempt

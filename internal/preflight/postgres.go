@@ -162,15 +162,15 @@ func connectFailed(check, where string, err error) Finding {
 		code = pgErr.Code
 	}
 	switch code {
-	case "28P01":
+	case pgerr.InvalidPassword:
 		f.Remedy = "check the user and password in CDCRELAY_DATABASE_URL"
-	case "28000":
+	case pgerr.InvalidAuthorizationSpec:
 		f.Remedy = "allow this user, database and address in pg_hba.conf, then SELECT pg_reload_conf();"
-	case "3D000":
+	case pgerr.InvalidCatalogName:
 		f.Remedy = "check the database name in CDCRELAY_DATABASE_URL"
-	case "42501":
+	case pgerr.InsufficientPrivilege:
 		f.Remedy = "grant the role LOGIN and CONNECT on the database"
-	case "53300":
+	case pgerr.TooManyConnections:
 		f.Remedy = "the server is out of connection slots: raise max_connections or lower other clients' pools"
 	case "":
 		f.Remedy = "check that PostgreSQL runs and is reachable at the host and port in CDCRELAY_DATABASE_URL (firewall, DNS, sslmode)"
@@ -444,7 +444,7 @@ func replicationConnection(ctx context.Context, cfg config.Config, opts Options,
 	if err != nil {
 		f = connectFailed(checkReplConn, "the database in replication mode", err)
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		if errors.As(err, &pgErr) && pgErr.Code == pgerr.InsufficientPrivilege {
 			f.Remedy = fmt.Sprintf("ALTER ROLE %s REPLICATION;", quoteIdent(t.role))
 		}
 		return f

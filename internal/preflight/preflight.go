@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
 
 // Severity grades a finding.
@@ -55,9 +57,9 @@ type Finding struct {
 }
 
 // ReplicationApplicationName is the application_name of the relay's
-// replication connection (internal/relay sets it). A synchronous_standby_names
+// replication connection (internal/pgconnect sets it). A synchronous_standby_names
 // entry matching it would make every commit wait for the broker.
-const ReplicationApplicationName = "cdcrelay"
+const ReplicationApplicationName = pgconnect.ApplicationName
 
 // checkApplicationName is the application_name of the preflight's own
 // connections; it must not match ReplicationApplicationName.

@@ -99,12 +99,12 @@ func startStuckPublisher(t *testing.T, ctx context.Context, l *Link, exchange st
 	feedCtx, stopFeed := context.WithCancel(context.Background())
 	t.Cleanup(stopFeed)
 	go abortTestFeed(feedCtx, in)
-	p := &Publisher{
-		Link: l, In: in, Acks: discardAcks{}, Exchange: exchange,
+	p := NewPublisher(l, in, discardAcks{}, nil, PublisherConfig{
+		Exchange:    exchange,
 		MaxInFlight: 1000, MaxInFlightBytes: 1 << 30, ConfirmTimeout: time.Minute, MaxMessageBytes: 1 << 20,
-		Drained: make(chan struct{}), Log: slog.New(slog.DiscardHandler),
+		Log:     slog.New(slog.DiscardHandler),
 		Metrics: NewMetrics(prometheus.NewRegistry()),
-	}
+	})
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
 	// Blocked for good, not just behind a burst: the same publish stays in

@@ -17,8 +17,9 @@ import (
 // ErrNoExchange is returned by Dial when the configured exchange is missing.
 var ErrNoExchange = errors.New("exchange does not exist")
 
-// Link is one AMQP connection with one confirm-mode channel and the
-// notification channels the publisher watches. Every notification channel
+// Link is one AMQP connection with its confirm-mode channels, one per
+// lane (CDCRELAY_PUBLISH_CHANNELS), and the notification channels the
+// publisher watches. Every notification channel
 // is buffered: amqp091-go drops a notification a listener does not take
 // within 5 s, and a dropped return would be a silent loss.
 type Link struct {
@@ -108,7 +109,7 @@ type DialOptions struct {
 // handshakeTimeout bounds the TCP connect and the TLS and AMQP handshakes.
 const handshakeTimeout = 10 * time.Second
 
-// Dial connects, opens a confirm-mode channel and checks the exchange.
+// Dial connects, opens the confirm-mode channels (one per lane) and checks the exchanges.
 // Recovery is left off on purpose: any broker failure must restart both
 // sides from the slot, not silently resume on a new channel.
 func Dial(ctx context.Context, o DialOptions) (*Link, error) {

@@ -1,6 +1,8 @@
-// Package publish owns the broker side: the AMQP connection, the
-// confirm-mode channel, the bounded in-flight window and the mapping of
-// confirms back to the ack watermark.
+// Package publish owns the broker side: the AMQP connection, its
+// confirm-mode channels, the bounded in-flight window, the poison decision
+// and the mapping of confirms back to the ack watermark. A lane is one
+// confirm-mode AMQP channel with its own window; CDCRELAY_PUBLISH_CHANNELS
+// sets how many, and an event's routing key picks its lane (LaneOf).
 package publish
 
 import (

@@ -207,7 +207,7 @@ type session struct {
 	start   pglogrepl.LSN
 	w       *slot.Watermark
 	in      chan wal.Event
-	drained chan struct{}
+	drained <-chan struct{}
 	conn    *fakeConn
 	cancel  context.CancelFunc
 	done    chan error
@@ -233,7 +233,7 @@ type session struct {
 func (m *model) newSession() *session {
 	s := &session{
 		m: m, start: m.slot, w: slot.NewWatermark(m.slot), in: make(chan wal.Event, m.o.inBuffer),
-		drained: make(chan struct{}), done: make(chan error, 1), sent: m.slot, lastP: m.slot,
+		done: make(chan error, 1), sent: m.slot, lastP: m.slot,
 		seqID: map[uint64]string{}, acked: map[uint64]bool{}, parked: map[string]bool{},
 	}
 	for i, txn := range m.txns {
@@ -244,13 +244,14 @@ func (m *model) newSession() *session {
 	}
 	conn, link := m.b.connect(m.o.maxInFlight)
 	s.conn = conn
-	p := &Publisher{
-		Link: link, In: s.in, Acks: modelAcker{s}, Exchange: m.b.exchange,
+	p := NewPublisher(link, s.in, modelAcker{s}, nil, PublisherConfig{
+		Exchange:    m.b.exchange,
 		MaxInFlight: m.o.maxInFlight, MaxInFlightBytes: m.o.maxBytes,
 		ConfirmTimeout:  time.Hour, // never fires: the model has no clock
 		MaxMessageBytes: 1 << 20, Poison: Park, DeadLetterExchange: m.b.dlx,
-		Drained: s.drained, Log: m.log, Metrics: m.metrics,
-	}
+		Log: m.log, Metrics: m.metrics,
+	})
+	s.drained = p.Drained()
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go func() { s.done <- p.Run(ctx) }()

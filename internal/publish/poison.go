@@ -38,10 +38,10 @@ const HeaderError = "cdcrelay-error"
 // message_id.
 const HeaderID = "cdcrelay-id"
 
-// Check returns why ev cannot be published as a message, or "" if it can.
+// PoisonReason returns why ev cannot be published as a message, or "" if it can.
 // Only properties of the event count; the broker's state never makes an
 // event poison.
-func Check(ev *wal.Event, maxMessageBytes int64) string {
+func PoisonReason(ev *wal.Event, maxMessageBytes int64) string {
 	switch {
 	case ev.Problem != "":
 		return ev.Problem

@@ -7,7 +7,7 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
-func TestCheck(t *testing.T) {
+func TestPoisonReason(t *testing.T) {
 	long := strings.Repeat("k", 256)
 	tests := []struct {
 		name string
@@ -26,9 +26,9 @@ func TestCheck(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Check(&tt.ev, 1024)
+			got := PoisonReason(&tt.ev, 1024)
 			if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
-				t.Fatalf("Check = %q, want %q", got, tt.want)
+				t.Fatalf("PoisonReason = %q, want %q", got, tt.want)
 			}
 		})
 	}

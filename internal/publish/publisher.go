@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
@@ -31,18 +32,9 @@ type Acker interface {
 	Parked(seq uint64, id, reason string)
 }
 
-// Publisher publishes events from In on the Link's confirm-mode channels,
-// keeps at most MaxInFlight messages and MaxInFlightBytes bytes
-// unconfirmed, and reports each confirm to Acks. With one channel (the
-// default) every event goes out in commit order; with several, an event's
-// channel is chosen by a hash of its routing key, so events with the same
-// routing key keep their commit order and others may interleave. A nack, a
-// return, a confirm timeout or a closed connection ends Run with an error;
-// nothing after the failure is acked, so the slot cannot move past it.
-type Publisher struct {
-	Link             *Link
-	In               <-chan wal.Event
-	Acks             Acker
+// PublisherConfig is the publisher's configuration: the same for every
+// session.
+type PublisherConfig struct {
 	Exchange         string
 	MaxInFlight      int
 	MaxInFlightBytes int64
@@ -54,22 +46,56 @@ type Publisher struct {
 	// Refused, if set, remembers across sessions the events the client
 	// library refused to encode, and makes the publisher park them.
 	Refused *Refusals
-	// Budget, if set, is the session's byte budget (MaxInFlightBytes),
-	// shared with whoever feeds In: it took each event's weight
-	// (wal.Event.Weight) before sending it, so the events waiting in In
+	Log     *slog.Logger // nil: discard
+	Metrics *Metrics     // nil: registered nowhere
+}
+
+// Publisher publishes events from its input on the Link's confirm-mode
+// channels, keeps at most MaxInFlight messages and MaxInFlightBytes bytes
+// unconfirmed, and reports each confirm to its Acker. With one channel (the
+// default) every event goes out in commit order; with several, an event's
+// channel is chosen by a hash of its routing key, so events with the same
+// routing key keep their commit order and others may interleave. A nack, a
+// return, a confirm timeout or a closed connection ends Run with an error;
+// nothing after the failure is acked, so the slot cannot move past it.
+// One Publisher serves one session: Run is called once.
+type Publisher struct {
+	PublisherConfig
+	link *Link
+	in   <-chan wal.Event
+	acks Acker
+	// budget, if set, is the session's byte budget (MaxInFlightBytes),
+	// shared with whoever feeds in: it took each event's weight
+	// (wal.Event.Weight) before sending it, so the events waiting in in
 	// count too (invariant 6, docs/architecture.md). The publisher gives the
 	// weight back once the event's confirm or park is handled. If nil, the
 	// publisher takes the weight itself before each publish.
-	Budget *semaphore.Weighted
-	// Drained is closed once In is closed and every published message is
-	// confirmed: the reader then sends its final status update.
-	Drained chan<- struct{}
-	Log     *slog.Logger
-	Metrics *Metrics
+	budget *semaphore.Weighted
+	// drained is closed once in is closed and every published message is
+	// confirmed (see Drained).
+	drained chan struct{}
 
 	blocked   atomic.Bool
 	unblocked atomic.Int64 // unix nanos of the last unblock
 }
+
+// NewPublisher returns the publisher of one session: it publishes the
+// events of in on link and reports their fate to acks. budget may be nil
+// (see Publisher.budget).
+func NewPublisher(link *Link, in <-chan wal.Event, acks Acker, budget *semaphore.Weighted, cfg PublisherConfig) *Publisher {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(prometheus.NewRegistry())
+	}
+	return &Publisher{PublisherConfig: cfg, link: link, in: in, acks: acks, budget: budget, drained: make(chan struct{})}
+}
+
+// Drained is closed once the input is closed and every published message
+// is confirmed: the reader then sends its final status update. It is never
+// closed when Run fails.
+func (p *Publisher) Drained() <-chan struct{} { return p.drained }
 
 // inflight is a published message awaiting its confirm.
 type inflight struct {
@@ -82,9 +108,9 @@ type inflight struct {
 	parked string // poison reason; dc is nil unless it was dead-lettered
 }
 
-// Run publishes until In is closed and drained, ctx ends or a failure.
+// Run publishes until the input is closed and drained, ctx ends or a failure.
 func (p *Publisher) Run(ctx context.Context) error {
-	lanes := p.Link.lanes
+	lanes := p.link.lanes
 	// Each lane's FIFO holds its published, unconfirmed messages in publish
 	// order. A lane takes one of its window's slots before each publish and
 	// gives it back once the confirm is handled, so a lane never has more
@@ -93,7 +119,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	// enter the full FIFO). The bytes semaphore bounds the size across all
 	// lanes.
 	window := max(p.MaxInFlight/len(lanes), 1)
-	bytes := p.Budget
+	bytes := p.budget
 	if bytes == nil {
 		bytes = semaphore.NewWeighted(p.MaxInFlightBytes)
 	}
@@ -103,7 +129,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	defer p.Metrics.inFlight.Set(0)
 
 	g, gctx := errgroup.WithContext(ctx)
-	defer p.Link.abortIfStuck(gctx)()
+	defer p.link.abortIfStuck(gctx)()
 	inputs := p.spread(gctx, g, len(lanes))
 	// Each confirm loop that ends cleanly (its input closed and every
 	// message confirmed) reports here; a failing one cancels gctx instead.
@@ -130,19 +156,19 @@ func (p *Publisher) Run(ctx context.Context) error {
 				return gctx.Err()
 			}
 		}
-		close(p.Drained)
+		close(p.drained)
 		return nil
 	})
 	g.Go(func() error { return p.watch(gctx, done) })
 	return g.Wait()
 }
 
-// spread returns one input per lane. With one lane it is In itself; with
+// spread returns one input per lane. With one lane it is the input itself; with
 // more, a goroutine deals events out by a hash of the routing key, so one
 // key always takes the same lane and keeps its order.
 func (p *Publisher) spread(ctx context.Context, g *errgroup.Group, n int) []<-chan wal.Event {
 	if n == 1 {
-		return []<-chan wal.Event{p.In}
+		return []<-chan wal.Event{p.in}
 	}
 	outs := make([]chan wal.Event, n)
 	ins := make([]<-chan wal.Event, n)
@@ -157,12 +183,12 @@ func (p *Publisher) spread(ctx context.Context, g *errgroup.Group, n int) []<-ch
 			}
 		}()
 		for {
-			// Waiting for In must watch ctx too: after a lane fails, Run
+			// Waiting for the input must watch ctx too: after a lane fails, Run
 			// returns only once this goroutine does, and an idle outbox
 			// may send nothing for hours.
 			var ev wal.Event
 			select {
-			case e, ok := <-p.In:
+			case e, ok := <-p.in:
 				if !ok {
 					return nil
 				}
@@ -209,7 +235,7 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 		if err := slots.Acquire(ctx, 1); err != nil {
 			return err
 		}
-		if p.Budget == nil { // else the producer of In took it
+		if p.budget == nil { // else the producer of the input took it
 			if err := bytes.Acquire(ctx, weight); err != nil {
 				return err
 			}
@@ -266,7 +292,7 @@ func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, stri
 	if reason := p.Refused.reason(ev); reason != "" {
 		return amqp.Publishing{}, reason
 	}
-	if reason := Check(ev, p.MaxMessageBytes); reason != "" {
+	if reason := PoisonReason(ev, p.MaxMessageBytes); reason != "" {
 		return amqp.Publishing{}, reason
 	}
 	msg, err := Message(ev)
@@ -295,10 +321,10 @@ func (p *Publisher) publishError(ev *wal.Event, err error) error {
 
 // frameMax is the frame size negotiated with the broker, 0 if unknown.
 func (p *Publisher) frameMax() int {
-	if p.Link == nil || p.Link.Conn == nil {
+	if p.link == nil || p.link.Conn == nil {
 		return 0
 	}
-	return p.Link.Conn.Config.FrameSize
+	return p.link.Conn.Config.FrameSize
 }
 
 // poison applies the policy to an event that can never be published. Only
@@ -334,171 +360,3 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 	f.dc = dc
 	return f, nil
 }
-
-// confirmLoop takes a lane's confirms in publish order. Acks arrive in any
-// order, within a lane and across lanes; walking each FIFO in order hands
-// the watermark every ack, and its contiguous-prefix rule does the rest.
-func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflight, slots, bytes *semaphore.Weighted) error {
-	for {
-		select {
-		case f, ok := <-fifo:
-			if !ok {
-				return nil
-			}
-			if err := p.await(ctx, l, f); err != nil {
-				return err
-			}
-			bytes.Release(f.weight)
-			slots.Release(1)
-		case r, ok := <-l.returns:
-			return p.returned(l, r, ok)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
-	if f.dc == nil { // parked without a dead-letter exchange: nothing to confirm
-		p.Acks.Parked(f.seq, f.id, f.parked)
-		return nil
-	}
-	timer := time.NewTimer(p.ConfirmTimeout)
-	defer timer.Stop()
-	for {
-		select {
-		case <-f.dc.Done():
-			// The broker sends basic.return before the ack of the same
-			// message, and amqp091-go hands the return to our buffered
-			// channel before it resolves the confirmation: so a return for
-			// this message, if any, is already waiting here.
-			select {
-			case r, ok := <-l.returns:
-				return p.returned(l, r, ok)
-			default:
-			}
-			p.Metrics.inFlight.Dec()
-			if !f.dc.Acked() {
-				if l.ch.IsClosed() {
-					return fmt.Errorf("%w while event %s was in flight", laneClosed(l), f.id)
-				}
-				p.Metrics.nacks.Inc()
-				return fmt.Errorf("%w: event %s (a queue refused it: overflow reject-publish or an internal error)", ErrNacked, f.id)
-			}
-			if f.parked != "" {
-				p.Acks.Parked(f.seq, f.id, f.parked)
-				return nil
-			}
-			p.Acks.Ack(f.seq, f.id)
-			now := time.Now()
-			p.Metrics.confirmLatency.Observe(now.Sub(f.sent).Seconds())
-			if !f.commit.IsZero() {
-				p.Metrics.commitToAck.Observe(now.Sub(f.commit).Seconds())
-			}
-			return nil
-		case r, ok := <-l.returns:
-			return p.returned(l, r, ok)
-		case <-timer.C:
-			// A blocked broker holds confirms back; that is flow control,
-			// not a failure, so the clock restarts once it lets go.
-			if p.blocked.Load() || time.Since(time.Unix(0, p.unblocked.Load())) < p.ConfirmTimeout {
-				timer.Reset(p.ConfirmTimeout)
-				continue
-			}
-			return fmt.Errorf("%w: event %s unconfirmed after %s", ErrConfirmTimeout, f.id, p.ConfirmTimeout)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// returned turns a receive from a lane's returns channel into the
-// session's error. amqp091-go closes that channel when the channel or the
-// connection closes; the zero Return read from it then is a transport
-// failure, not a basic.return, and must not be counted or reported as one
-// (docs/architecture.md invariant 3).
-func (p *Publisher) returned(l *lane, r amqp.Return, ok bool) error {
-	if !ok {
-		return laneClosed(l)
-	}
-	p.Metrics.returns.Inc()
-	return fmt.Errorf("%w: event %s to exchange %q with routing key %q: %d %s (bind a queue for this key, or check the exchange)",
-		ErrReturned, r.MessageId, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
-}
-
-// watch turns connection and channel closure into errors and tracks flow
-// control, until the confirm loops are done.
-func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
-	closed := make(chan error, len(p.Link.lanes))
-	for _, l := range p.Link.lanes {
-		go func() {
-			select {
-			case e, ok := <-l.closed:
-				closed <- closedError("channel", e, ok)
-			case <-done:
-			case <-ctx.Done():
-			}
-		}()
-	}
-	blocked := p.Link.blocked
-	for {
-		select {
-		case e, ok := <-p.Link.connClosed:
-			return closedError("connection", e, ok)
-		case err := <-closed:
-			return err
-		case b, ok := <-blocked:
-			if !ok { // closed with the connection, which connClosed reports
-				blocked = nil
-				continue
-			}
-			p.blocked.Store(b.Active)
-			if b.Active {
-				p.Metrics.blocked.Set(1)
-				p.Log.Warn("broker is blocking publishers (resource alarm); publishing paused", "reason", b.Reason)
-			} else {
-				p.Metrics.blocked.Set(0)
-				p.unblocked.Store(time.Now().UnixNano())
-				p.Log.Info("broker unblocked publishers")
-			}
-		case <-done:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// laneClosed is the error of a lane whose channel closed, with the
-// broker's reason when it gave one.
-func laneClosed(l *lane) error {
-	e := l.closeReason()
-	return closedError("channel", e, e != nil)
-}
-
-// closedError says that the channel or connection closed and, when the
-// broker closed it, why. A 404 is a publish to an exchange that does not
-// exist (deleted while the relay ran, or named by a row's exchange
-// column): the broker's reason names the exchange, and the error adds the
-// remedy. The error is ErrClosed and, through errors.As, the *amqp.Error.
-func closedError(what string, e *amqp.Error, ok bool) error {
-	if !ok || e == nil {
-		return fmt.Errorf("%w: %s closed", ErrClosed, what)
-	}
-	// The reason may quote a whole over-long value (a frame error).
-	msg := fmt.Sprintf("%v: %s closed by the broker: %d %s", ErrClosed, what, e.Code, clipText(e.Reason))
-	if e.Code == amqp.NotFound {
-		msg += ": the exchange does not exist (deleted?): declare it (the relay does not declare topology), or fix CDCRELAY_EXCHANGE or the row's exchange column (CDCRELAY_EXCHANGE_COLUMN)"
-	}
-	return &brokerClosed{msg: msg, reason: e}
-}
-
-// brokerClosed is a channel or connection the broker closed, with its
-// reason.
-type brokerClosed struct {
-	msg    string
-	reason *amqp.Error
-}
-
-func (b *brokerClosed) Error() string   { return b.msg }
-func (b *brokerClosed) Unwrap() []error { return []error{ErrClosed, b.reason} }

@@ -31,12 +31,12 @@ func TestPublisherEndsAfterFailureWithIdleInput(t *testing.T) {
 			b := newFakeBroker(uint64(channels), channels)
 			conn, link := b.connect(8)
 			in := make(chan wal.Event, 1) // never closed: the outbox is idle
-			p := &Publisher{
-				Link: link, In: in, Acks: spreadTestAcker{}, Exchange: b.exchange,
+			p := NewPublisher(link, in, spreadTestAcker{}, nil, PublisherConfig{
+				Exchange:    b.exchange,
 				MaxInFlight: 8, MaxInFlightBytes: 1 << 20, ConfirmTimeout: time.Hour,
-				MaxMessageBytes: 1 << 20, Drained: make(chan struct{}),
-				Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
-			}
+				MaxMessageBytes: 1 << 20,
+				Log:             slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
+			})
 			done := make(chan error, 1)
 			go func() { done <- p.Run(context.Background()) }()
 			in <- wal.Event{ID: "e1", RoutingKey: "k", Payload: []byte(`{}`), PayloadIsJSON: true}

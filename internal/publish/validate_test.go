@@ -187,7 +187,7 @@ func TestTransportErrors(t *testing.T) {
 // error is never remembered.
 func TestEncodeErrorRemembered(t *testing.T) {
 	refused := &Refusals{}
-	p := &Publisher{Refused: refused, MaxMessageBytes: 1 << 20, Log: slog.New(slog.DiscardHandler)}
+	p := NewPublisher(nil, nil, nil, nil, PublisherConfig{Refused: refused, MaxMessageBytes: 1 << 20, Log: slog.New(slog.DiscardHandler)})
 	ev := wal.Event{ID: "id-1", RoutingKey: "k", Payload: []byte(`{}`), CommitLSN: pglogrepl.LSN(0x100), Index: 3}
 	long := strings.Repeat("x", 300)
 

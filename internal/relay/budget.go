@@ -20,7 +20,7 @@ func (r *Relay) budget() *semaphore.Weighted {
 
 // budgeted forwards events from in to out, each once its weight is taken
 // from budget, and closes out when in is closed: the backfill's way into
-// the budget (the reader takes it itself, see wal.Reader.Budget).
+// the budget (the reader takes it itself, see wal.ReaderConfig.Budget).
 func (r *Relay) budgeted(ctx context.Context, budget *semaphore.Weighted, in <-chan wal.Event, out chan<- wal.Event) error {
 	defer close(out)
 	limit := int64(r.cfg.MaxInFlightBytes)

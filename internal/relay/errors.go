@@ -8,13 +8,15 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
-// Fatal is the one place that decides whether a session error is worth a
+// IsFatal is the one place that decides whether a session error is worth a
 // retry. Transport failures (either side), nacks, returns and timeouts are
 // retried forever with backoff; errors that a retry would only repeat end
 // the process with a non-zero exit so the operator sees them.
-func Fatal(err error) bool {
+func IsFatal(err error) bool {
 	if err == nil {
 		return false
 	}
@@ -26,7 +28,7 @@ func Fatal(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "28P01", "28000": // invalid password, invalid authorization
+		case pgerr.InvalidPassword, pgerr.InvalidAuthorizationSpec:
 			return true
 		}
 	}

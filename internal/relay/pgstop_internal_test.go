@@ -21,7 +21,7 @@ func (p *pgstopSignaler) Stopping() <-chan struct{} { return p.ch }
 // lets a session end normally otherwise (reader done, or ctx ended); a
 // marker without the signal never ends a session.
 func TestWatchStopping(t *testing.T) {
-	if markerStopping(nil) != nil || markerStopping(&marksFakeMarker{}) != nil {
+	if outcomesStopping(nil) != nil || outcomesStopping(&marksFakeMarker{}) != nil {
 		t.Fatal("a marker without Stopping has a signal")
 	}
 	closed := func() chan struct{} { c := make(chan struct{}); close(c); return c }
@@ -35,7 +35,7 @@ func TestWatchStopping(t *testing.T) {
 		readerDone <-chan struct{}
 		want       error
 	}{
-		{"signalled", context.Background(), markerStopping(sig), nil, ErrDatabaseStopping},
+		{"signalled", context.Background(), outcomesStopping(sig), nil, ErrDatabaseStopping},
 		{"reader done", context.Background(), make(chan struct{}), closed(), nil},
 		{"ctx ended", cancelled, nil, nil, nil},
 	} {
@@ -50,7 +50,7 @@ func TestWatchStopping(t *testing.T) {
 			t.Fatalf("%s: watchStopping did not return", c.name)
 		}
 	}
-	if Fatal(fmt.Errorf("session: %w", ErrDatabaseStopping)) {
+	if IsFatal(fmt.Errorf("session: %w", ErrDatabaseStopping)) {
 		t.Fatal("ErrDatabaseStopping ends the relay instead of a session")
 	}
 }

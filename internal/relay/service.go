@@ -30,17 +30,22 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{}
-	active := func() bool { return s.Relay.Streaming() }
-	s.janitor = janitor.New(janitor.Options{
+	// Built in dependency order: the relay records outcomes through the
+	// janitor, and retention follows the relay's role.
+	jan := janitor.New(janitor.Options{
 		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, IDColumn: cfg.IDColumn,
 		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
 		BackoffMin: cfg.MarkInterval, BackoffMax: min(cfg.BackoffMax, 5*time.Second),
 	}, log.With("stage", "janitor"), reg)
+	rel, err := New(cfg, jan, log, reg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{Relay: rel, janitor: jan}
 	s.retention = retention.New(retention.Options{
 		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table,
 		Retention: time.Duration(cfg.Retention), Interval: time.Duration(cfg.RetentionInterval),
-		Batch: cfg.RetentionBatch, Active: active,
+		Batch: cfg.RetentionBatch, Active: rel.Streaming,
 	}, log.With("stage", "retention"), reg)
 	// The monitor does not follow the role: whichever replica holds the
 	// monitor lock refreshes, so the gauges stay fresh when nothing streams.
@@ -48,9 +53,6 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, Slot: cfg.Slot,
 		Interval: cfg.MonitorInterval,
 	}, log.With("stage", "monitor"), reg)
-	if s.Relay, err = New(cfg, s.janitor, log, reg); err != nil {
-		return nil, err
-	}
 	return s, nil
 }
 

@@ -14,6 +14,8 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
 
 // lockConnParams are set on the connection that holds the slot lock unless
@@ -21,7 +23,6 @@ import (
 // a holder whose host vanished without closing its sockets, instead of the
 // operating system's two hours, so the standby's wait ends then.
 var lockConnParams = map[string]string{
-	"application_name":        "cdcrelay",
 	"tcp_keepalives_idle":     "10",
 	"tcp_keepalives_interval": "5",
 	"tcp_keepalives_count":    "3",
@@ -46,18 +47,13 @@ const (
 // database (postgres by default) it holds back nothing of the service
 // database's (advisory locks are per database, slot names per cluster).
 func (r *Relay) connectLock(ctx context.Context) (*pgx.Conn, error) {
-	dbCfg, err := pgx.ParseConfig(r.cfg.DatabaseURL)
+	dbCfg, err := pgconnect.Config(r.cfg.DatabaseURL, lockConnParams)
 	if err != nil {
-		return nil, errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
+		return nil, err
 	}
 	dbCfg.Database = r.cfg.LockDatabase
 	if dbCfg.ConnectTimeout == 0 {
 		dbCfg.ConnectTimeout = connectTimeout
-	}
-	for k, v := range lockConnParams {
-		if _, set := dbCfg.RuntimeParams[k]; !set {
-			dbCfg.RuntimeParams[k] = v
-		}
 	}
 	db, err := pgx.ConnectConfig(ctx, dbCfg)
 	if err != nil {
@@ -206,7 +202,7 @@ func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn) error
 	for attempt := 1; ; attempt++ {
 		err := r.startOnce(ctx, conn)
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "55006" { // active for another PID
+		if !errors.As(err, &pgErr) || pgErr.Code != pgerr.ObjectInUse { // active for another PID
 			return err
 		}
 		if time.Now().After(deadline) {

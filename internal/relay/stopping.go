@@ -10,22 +10,22 @@ import (
 // from the slot's confirmed position once the database is back.
 var ErrDatabaseStopping = errors.New("database is shutting down; ending the replication session so it can stop; unmarked events will be published again")
 
-// stopSignaler is a Marker that learns when the database is shutting down
+// stopSignaler is an Outcomes recorder that learns when the database is shutting down
 // (the janitor): Stopping returns a channel closed at the next such failure.
 type stopSignaler interface {
 	Stopping() <-chan struct{}
 }
 
-// markerStopping returns the marker's shutdown signal, nil (never ready)
+// outcomesStopping returns the recorder's shutdown signal, nil (never ready)
 // if it has none. A session takes it before it streams.
-func markerStopping(m Marker) <-chan struct{} {
+func outcomesStopping(m Outcomes) <-chan struct{} {
 	if s, ok := m.(stopSignaler); ok {
 		return s.Stopping()
 	}
 	return nil
 }
 
-// watchStopping ends the session with ErrDatabaseStopping when the marker
+// watchStopping ends the session with ErrDatabaseStopping when the recorder
 // learns that the database is shutting down. A logical walsender exits
 // only once its client has confirmed all the WAL sent to it, which the
 // session withholds while acked rows are unmarked (invariant 10,

@@ -13,7 +13,6 @@ package retention
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -25,6 +24,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
 
 // Options configure a Retention.
@@ -132,14 +133,15 @@ const statementTimeout = time.Minute
 
 // connect opens the pass's connection.
 func (r *Retention) connect(ctx context.Context) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(r.opts.DatabaseURL)
+	cfg, err := pgconnect.Config(r.opts.DatabaseURL, nil)
 	if err != nil {
-		return nil, errors.New("parse the database URL: not a valid connection string")
+		return nil, err
 	}
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = 10 * time.Second
 	}
-	cfg.RuntimeParams["application_name"] = "cdcrelay retention"
+	// Always its own name, so that its backends are told apart.
+	cfg.RuntimeParams["application_name"] = pgconnect.ApplicationName + " retention"
 	cfg.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
 	db, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
 // MarkerSuffix ends every adoption marker's name.
@@ -56,7 +58,7 @@ func BeginAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
 		return fmt.Errorf("%w: another relay is publishing the backlog of slot %s", ErrBusy, slotName)
 	}
 	_, err := db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, MarkerName(slotName))
-	if err != nil && pgCode(err) != "42710" {
+	if err != nil && pgCode(err) != pgerr.DuplicateObject {
 		return fmt.Errorf("create adoption marker %s: %w", MarkerName(slotName), err)
 	}
 	return nil

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
 // Errors about the slot that no retry can fix.
@@ -60,7 +62,7 @@ func EnsurePublication(ctx context.Context, db *pgx.Conn, t Target) (bool, error
 		return false, CheckPublication(t.Publication, table, false, PublicationFacts{})
 	}
 	if _, err := db.Exec(ctx, createPublicationSQL(t.Publication, table)); err != nil {
-		if pgCode(err) == "42710" { // created concurrently by another replica
+		if pgCode(err) == pgerr.DuplicateObject { // created concurrently by another replica
 			return false, nil
 		}
 		return false, fmt.Errorf("create publication %s (create it as the table owner, e.g. with cdcrelay migrate): %w", t.Publication, err)
@@ -122,9 +124,9 @@ func Inspect(ctx context.Context, db *pgx.Conn, t Target) (Info, error) {
 func Drop(ctx context.Context, db *pgx.Conn, slotName string) error {
 	if _, err := db.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slotName); err != nil {
 		switch pgCode(err) {
-		case "55006":
+		case pgerr.ObjectInUse:
 			return fmt.Errorf("%w: %w", ErrBusy, err)
-		case "42704": // already gone
+		case pgerr.UndefinedObject: // already gone
 			return nil
 		}
 		return fmt.Errorf("drop replication slot %s: %w", slotName, err)
@@ -148,7 +150,7 @@ func Create(ctx context.Context, repl *pgconn.PgConn, slotName string) (Created,
 		Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT",
 	})
 	if err != nil {
-		if pgCode(err) == "42710" {
+		if pgCode(err) == pgerr.DuplicateObject {
 			return Created{}, fmt.Errorf("%w: slot %s was created concurrently", ErrBusy, slotName)
 		}
 		return Created{}, fmt.Errorf("create replication slot %s: %w", slotName, err)

@@ -5,18 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/failpoint"
 )
 
-// Marks records the stream's shape for the ack watermark (slot.Watermark).
-type Marks interface {
+// Positions records the stream's shape for the ack watermark
+// (slot.Watermark), which turns it into the position the reader confirms.
+type Positions interface {
 	Begin()
 	Event() uint64
 	Commit(end pglogrepl.LSN)
@@ -24,17 +25,12 @@ type Marks interface {
 	Position() pglogrepl.LSN
 }
 
-// Reader owns the replication connection: it is the only goroutine that
-// reads from or writes to Conn. It decodes the stream, hands events to the
-// publisher through Out and reports the acknowledged position back to the
-// server. It never blocks on the broker: when Out is full it stops reading
-// but keeps sending status updates, so the walsender is not killed for a
-// slow broker (docs/architecture.md invariant 5).
-type Reader struct {
-	Conn    *pgconn.PgConn
-	Decoder *Decoder
-	Marks   Marks
-	Out     chan<- Event // closed by Run when it returns
+// ReaderConfig is what a Reader works with besides its connection. One
+// value serves one session.
+type ReaderConfig struct {
+	Decoder   *Decoder
+	Positions Positions
+	Out       chan<- Event // closed by Run when it returns
 	// Budget, if set, is the byte budget of BudgetBytes shared with the
 	// publisher: the reader takes an event's Weight before sending it to
 	// Out and the publisher gives it back once the event is confirmed or
@@ -46,18 +42,6 @@ type Reader struct {
 	// StatusInterval bounds the time between two status updates; use at
 	// most min(10s, wal_sender_timeout/2).
 	StatusInterval time.Duration
-	// Stop asks for a graceful stop when closed: read no more, keep
-	// reporting the position until Drained is closed (the publisher has every
-	// in-flight confirm) or the Run context ends, then send a final status
-	// update.
-	Stop    <-chan struct{}
-	Drained <-chan struct{}
-
-	Log     *slog.Logger
-	Metrics *Metrics
-	// Alive, if set, gets the time of every turn of the loop (at least every
-	// progressDelay), so a health check can tell a wedged reader.
-	Alive *atomic.Int64
 	// Timeout, if positive, ends the session when the server has sent
 	// nothing for that long while the reader was listening. Status updates
 	// ask for a reply once the server has been silent for StatusInterval,
@@ -65,6 +49,32 @@ type Reader struct {
 	// noticed without waiting minutes for TCP to give up. Use a few
 	// StatusIntervals.
 	Timeout time.Duration
+
+	// SoftStop asks for a graceful stop when closed: read no more, keep
+	// reporting the position until Drained is closed (the publisher has every
+	// in-flight confirm) or the Run context, the hard stop, ends; then send
+	// a final status update.
+	SoftStop <-chan struct{}
+	Drained  <-chan struct{}
+
+	// Turned, if set, is called at every turn of the loop (at least every
+	// progressDelay), so a health check can tell a wedged reader.
+	Turned func()
+
+	Log     *slog.Logger // nil: discard
+	Metrics *Metrics     // nil: registered nowhere
+}
+
+// Reader owns the replication connection: it is the only goroutine that
+// reads from or writes to it. It decodes the stream, hands events to the
+// publisher through Out and reports the acknowledged position back to the
+// server. It never blocks on the broker: when Out is full it stops reading
+// but keeps sending status updates, so the walsender is not killed for a
+// slow broker (docs/architecture.md invariant 5).
+type Reader struct {
+	cfg  ReaderConfig
+	conn stream
+
 	// lastRecv is when the server was last heard from, or when the reader
 	// last went back to listening after waiting for room in Out.
 	lastRecv time.Time
@@ -80,6 +90,40 @@ type Reader struct {
 	recvCancel context.CancelFunc
 }
 
+// NewReader returns a reader of the replication connection conn, on which
+// START_REPLICATION has been sent.
+func NewReader(conn *pgconn.PgConn, cfg ReaderConfig) *Reader {
+	return newReader(pgStream{conn}, cfg)
+}
+
+func newReader(conn stream, cfg ReaderConfig) *Reader {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(prometheus.NewRegistry())
+	}
+	return &Reader{cfg: cfg, conn: conn}
+}
+
+// stream is the replication connection as the reader uses it: the seam
+// that lets its status-update logic be tested without a server.
+type stream interface {
+	ReceiveMessage(ctx context.Context) (pgproto3.BackendMessage, error)
+	SendStatus(ctx context.Context, s pglogrepl.StandbyStatusUpdate) error
+}
+
+// pgStream is a stream over a real replication connection.
+type pgStream struct{ conn *pgconn.PgConn }
+
+func (s pgStream) ReceiveMessage(ctx context.Context) (pgproto3.BackendMessage, error) {
+	return s.conn.ReceiveMessage(ctx)
+}
+
+func (s pgStream) SendStatus(ctx context.Context, u pglogrepl.StandbyStatusUpdate) error {
+	return pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, u)
+}
+
 // Budget is a byte budget (golang.org/x/sync/semaphore.Weighted fits).
 type Budget interface {
 	TryAcquire(n int64) bool
@@ -90,7 +134,7 @@ type Budget interface {
 // follows acks closely without one update per ack.
 const progressDelay = 200 * time.Millisecond
 
-// Run streams until ctx ends, Stop is closed or an error occurs.
+// Run streams until ctx ends (the hard stop), SoftStop is closed or an error occurs.
 func (r *Reader) Run(ctx context.Context) error {
 	defer r.closeOut()
 	defer func() {
@@ -98,12 +142,12 @@ func (r *Reader) Run(ctx context.Context) error {
 			r.recvCancel()
 		}
 	}()
-	// stopping ends with Stop, so a receive in progress returns at once.
+	// stopping ends with SoftStop, so a receive in progress returns at once.
 	stopping, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
-		case <-r.Stop:
+		case <-r.cfg.SoftStop:
 			cancel()
 		case <-stopping.Done():
 		}
@@ -142,13 +186,13 @@ func (r *Reader) Run(ctx context.Context) error {
 // in Out, keeping status updates flowing all along: the reader never blocks
 // on the broker.
 func (r *Reader) offer(ctx context.Context, ev *Event) error {
-	if r.Budget != nil {
-		if ok, err := r.reserve(ctx, ev.Weight(r.BudgetBytes)); !ok || err != nil {
-			return err // !ok: Stop was closed; the event is not sent
+	if r.cfg.Budget != nil {
+		if ok, err := r.reserve(ctx, ev.Weight(r.cfg.BudgetBytes)); !ok || err != nil {
+			return err // !ok: SoftStop was closed; the event is not sent
 		}
 	}
 	select { // the common case: room at once, no timer needed
-	case r.Out <- *ev:
+	case r.cfg.Out <- *ev:
 		return nil
 	default:
 	}
@@ -156,7 +200,7 @@ func (r *Reader) offer(ctx context.Context, ev *Event) error {
 	defer tick.Stop()
 	for {
 		select {
-		case r.Out <- *ev:
+		case r.cfg.Out <- *ev:
 			// Waiting here was not listening: silence counts from now.
 			r.lastRecv = time.Now()
 			return nil
@@ -164,7 +208,7 @@ func (r *Reader) offer(ctx context.Context, ev *Event) error {
 			if err := r.maybeSendStatus(false); err != nil {
 				return err
 			}
-		case <-r.Stop:
+		case <-r.cfg.SoftStop:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
@@ -173,16 +217,16 @@ func (r *Reader) offer(ctx context.Context, ev *Event) error {
 }
 
 // reserve takes n bytes of the budget, waiting in turns of progressDelay
-// with a status update after each. It reports false when Stop was closed
+// with a status update after each. It reports false when SoftStop was closed
 // first. A session that ends drops its budget with it, so bytes taken for
 // an event that was never sent need not be given back.
 func (r *Reader) reserve(ctx context.Context, n int64) (bool, error) {
-	if r.Budget.TryAcquire(n) {
+	if r.cfg.Budget.TryAcquire(n) {
 		return true, nil
 	}
 	for {
 		wait, cancel := context.WithTimeout(ctx, progressDelay)
-		err := r.Budget.Acquire(wait, n)
+		err := r.cfg.Budget.Acquire(wait, n)
 		cancel()
 		if err == nil {
 			r.lastRecv = time.Now() // waiting here was not listening either
@@ -202,7 +246,7 @@ func (r *Reader) reserve(ctx context.Context, n int64) (bool, error) {
 
 func (r *Reader) stopped() bool {
 	select {
-	case <-r.Stop:
+	case <-r.cfg.SoftStop:
 		return true
 	default:
 		return false
@@ -212,12 +256,12 @@ func (r *Reader) stopped() bool {
 func (r *Reader) closeOut() {
 	if !r.closed {
 		r.closed = true
-		close(r.Out)
+		close(r.cfg.Out)
 	}
 }
 
 // receive reads one message and returns the event it carries, if any.
-// stopping is ctx, also ended by Stop.
+// stopping is ctx, also ended by SoftStop.
 func (r *Reader) receive(ctx, stopping context.Context) (*Event, error) {
 	if r.recv == nil || r.recv.Err() != nil {
 		if r.recvCancel != nil {
@@ -225,13 +269,13 @@ func (r *Reader) receive(ctx, stopping context.Context) (*Event, error) {
 		}
 		r.recv, r.recvCancel = context.WithTimeout(stopping, progressDelay)
 	}
-	msg, err := r.Conn.ReceiveMessage(r.recv)
+	msg, err := r.conn.ReceiveMessage(r.recv)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		if pgconn.Timeout(err) || errors.Is(err, context.Canceled) {
-			if silent := time.Since(r.lastRecv); r.Timeout > 0 && silent > r.Timeout {
+			if silent := time.Since(r.lastRecv); r.cfg.Timeout > 0 && silent > r.cfg.Timeout {
 				return nil, fmt.Errorf("replication stream: nothing from the server for %s although a reply was requested; the connection is presumed dead", silent.Round(time.Second))
 			}
 			return nil, nil
@@ -247,7 +291,7 @@ func (r *Reader) receive(ctx, stopping context.Context) (*Event, error) {
 	case *pgproto3.CopyDone:
 		return nil, errors.New("replication stream: server ended the copy")
 	default:
-		r.Log.Debug("ignoring replication protocol message", "type", fmt.Sprintf("%T", msg))
+		r.cfg.Log.Debug("ignoring replication protocol message", "type", fmt.Sprintf("%T", msg))
 		return nil, nil
 	}
 }
@@ -262,7 +306,7 @@ func (r *Reader) handleCopyData(data []byte) (*Event, error) {
 		if err != nil {
 			return nil, fmt.Errorf("parse keepalive: %w", err)
 		}
-		r.Marks.Keepalive(ka.ServerWALEnd)
+		r.cfg.Positions.Keepalive(ka.ServerWALEnd)
 		return nil, r.maybeSendStatus(ka.ReplyRequested)
 	case pglogrepl.XLogDataByteID:
 		xld, err := pglogrepl.ParseXLogData(data[1:])
@@ -276,25 +320,25 @@ func (r *Reader) handleCopyData(data []byte) (*Event, error) {
 }
 
 func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
-	step, err := r.Decoder.Decode(xld.WALData)
+	step, err := r.cfg.Decoder.Decode(xld.WALData)
 	if err != nil {
 		// Nothing at or past this message is confirmed: the session ends here
 		// and the next one starts from the slot's confirmed position.
 		return nil, fmt.Errorf("decode message at %s: %w", xld.WALStart, err)
 	}
 	if step.Notice != "" {
-		r.Log.Warn(step.Notice)
+		r.cfg.Log.Warn(step.Notice)
 	}
 	switch step.Kind {
 	case KindBegin:
-		r.Marks.Begin()
+		r.cfg.Positions.Begin()
 	case KindCommit:
-		r.Marks.Commit(step.Commit.TransactionEndLSN)
-		r.Metrics.commits.Inc()
+		r.cfg.Positions.Commit(step.Commit.TransactionEndLSN)
+		r.cfg.Metrics.commits.Inc()
 	case KindEvent:
 		ev := step.Event
-		ev.Seq = r.Marks.Event()
-		r.Metrics.decoded.Inc()
+		ev.Seq = r.cfg.Positions.Event()
+		r.cfg.Metrics.decoded.Inc()
 		return &ev, nil
 	}
 	return nil, nil
@@ -303,12 +347,12 @@ func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
 // maybeSendStatus reports the position when the server asked, when the
 // interval has passed, or when the position moved and progressDelay passed.
 func (r *Reader) maybeSendStatus(force bool) error {
-	if r.Alive != nil {
-		r.Alive.Store(time.Now().UnixNano())
+	if r.cfg.Turned != nil {
+		r.cfg.Turned()
 	}
-	pos := r.Marks.Position()
+	pos := r.cfg.Positions.Position()
 	since := time.Since(r.lastSent)
-	if !force && since < r.StatusInterval && (pos <= r.sent || since < progressDelay) {
+	if !force && since < r.cfg.StatusInterval && (pos <= r.sent || since < progressDelay) {
 		return nil
 	}
 	return r.sendStatus(pos)
@@ -322,27 +366,27 @@ func (r *Reader) sendStatus(pos pglogrepl.LSN) error {
 	if pos > r.sent {
 		failpoint.Hit(failpoint.BeforeStatus)
 	}
-	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), r.Conn, pglogrepl.StandbyStatusUpdate{
+	err := r.conn.SendStatus(context.Background(), pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pos,
 		WALFlushPosition: pos,
 		WALApplyPosition: pos,
 		ClientTime:       time.Now(),
 		// A silent server is asked to answer at once, so that Timeout only
 		// fires on a dead connection.
-		ReplyRequested: r.Timeout > 0 && time.Since(r.lastRecv) >= r.StatusInterval,
+		ReplyRequested: r.cfg.Timeout > 0 && time.Since(r.lastRecv) >= r.cfg.StatusInterval,
 	})
 	if err != nil {
 		return fmt.Errorf("send standby status update: %w", err)
 	}
 	if pos > r.sent {
-		r.Log.Debug("confirmed position", "lsn", pos)
+		r.cfg.Log.Debug("confirmed position", "lsn", pos)
 	}
 	r.sent, r.lastSent = pos, time.Now()
-	r.Metrics.confirmed.Set(float64(pos))
+	r.cfg.Metrics.confirmed.Set(float64(pos))
 	return nil
 }
 
-// drain runs after Stop: no more reading; status updates continue until the
+// drain runs after SoftStop: no more reading; status updates continue until the
 // publisher has drained (or ctx ends), then a final one is sent.
 func (r *Reader) drain(ctx context.Context) error {
 	tick := time.NewTicker(progressDelay)
@@ -350,11 +394,11 @@ func (r *Reader) drain(ctx context.Context) error {
 	r.closeOut() // the publisher finishes what it has, then closes Drained
 	for {
 		select {
-		case <-r.Drained:
-			return r.sendStatus(r.Marks.Position())
+		case <-r.cfg.Drained:
+			return r.sendStatus(r.cfg.Positions.Position())
 		case <-ctx.Done():
-			if err := r.sendStatus(r.Marks.Position()); err != nil {
-				r.Log.Warn("final status update failed", "error", err)
+			if err := r.sendStatus(r.cfg.Positions.Position()); err != nil {
+				r.cfg.Log.Warn("final status update failed", "error", err)
 			}
 			return ctx.Err()
 		case <-tick.C:

@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sync/semaphore"
 )
 
-// budgetMarks is a Marks that records nothing of interest.
+// budgetMarks is a Positions that records nothing of interest.
 type budgetMarks struct{ seq atomic.Uint64 }
 
 func (m *budgetMarks) Begin()                  {}
@@ -107,12 +107,12 @@ func budgetConn(t *testing.T, msgs [][]byte) (*pgconn.PgConn, *budgetServer) {
 // budgetReader is a Reader of the outbox on conn that holds at most
 // budget bytes of events (sem) before they are sent on out.
 func budgetReader(conn *pgconn.PgConn, sem *semaphore.Weighted, budget int64, out chan Event, stop chan struct{}) *Reader {
-	return &Reader{
-		Conn: conn, Decoder: NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"}),
-		Marks: &budgetMarks{}, Out: out, Budget: sem, BudgetBytes: budget,
-		StatusInterval: 100 * time.Millisecond, Stop: stop, Drained: make(chan struct{}),
+	return NewReader(conn, ReaderConfig{
+		Decoder:   NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"}),
+		Positions: &budgetMarks{}, Out: out, Budget: sem, BudgetBytes: budget,
+		StatusInterval: 100 * time.Millisecond, SoftStop: stop, Drained: make(chan struct{}),
 		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
-	}
+	})
 }
 
 // TestReaderHoldsNoMoreThanTheBudget: with nobody taking events, the

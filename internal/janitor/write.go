@@ -1,0 +1,264 @@
+package janitor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
+)
+
+// This file is the janitor's database side: its connection, the batched
+// UPDATEs that mark and park rows, and the final flush.
+
+// write connects if need be, then marks, then records parked events:
+// parking can never hold marking back.
+func (j *Janitor) write(ctx context.Context) error {
+	if err := j.connect(ctx); err != nil {
+		return err
+	}
+	err := j.flushMarks(ctx)
+	if err == nil {
+		err = j.flushParked(ctx)
+	}
+	if err != nil && j.db.IsClosed() {
+		j.db = nil
+	}
+	return err
+}
+
+// connect opens the connection if there is none.
+func (j *Janitor) connect(ctx context.Context) error {
+	if j.db != nil && !j.db.IsClosed() {
+		return nil
+	}
+	j.db = nil
+	j.metrics.connects.Inc()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cfg, err := pgconnect.Config(j.opts.DatabaseURL, nil)
+	if err != nil {
+		return err
+	}
+	db, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", pgerr.Connect(err))
+	}
+	j.db = db
+	return nil
+}
+
+func (j *Janitor) closeDB() {
+	if j.db != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = j.db.Close(ctx)
+		j.db = nil
+	}
+}
+
+// take moves up to one batch from pending to held.
+func (j *Janitor) take() []entry {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	n := min(len(j.pending), j.opts.MarkBatch)
+	batch := append([]entry(nil), j.pending[:n]...)
+	j.pending = j.pending[n:]
+	j.held += n
+	return batch
+}
+
+// settle ends a taken batch: back in front are those to write again now
+// (the statement failed), at the end those to try at a later flush.
+func (j *Janitor) settle(n int, front, back []entry) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.held -= n
+	if len(front) > 0 {
+		j.pending = append(front, j.pending...)
+	}
+	j.pending = append(j.pending, back...)
+	j.freed()
+}
+
+// flushMarks marks every queued id, one UPDATE per batch, and calls each
+// entry's done once its row is marked (or counts as gone).
+func (j *Janitor) flushMarks(ctx context.Context) error {
+	var later []entry // still held: a later flush tries them again
+	defer func() { j.settle(len(later), nil, later) }()
+	for {
+		batch := j.take()
+		if len(batch) == 0 {
+			return nil
+		}
+		unseen, err := j.markBatch(ctx, batch)
+		if err != nil {
+			j.settle(len(batch), batch, nil)
+			return err
+		}
+		again := j.settleMarked(batch, unseen)
+		later = append(later, again...)
+		j.settle(len(batch)-len(again), nil, nil)
+	}
+}
+
+// markBatch runs the mark statement and returns the ids whose rows it
+// could not find.
+func (j *Janitor) markBatch(ctx context.Context, batch []entry) (map[string]bool, error) {
+	if err := j.statements(ctx); err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(batch))
+	for i, e := range batch {
+		ids[i] = e.id
+	}
+	var marked int64
+	var missing []string
+	if err := j.db.QueryRow(ctx, j.markSQL, ids).Scan(&marked, &missing); err != nil {
+		j.forgetStale(err)
+		return nil, fmt.Errorf("mark %d events published: %w", len(batch), err)
+	}
+	j.metrics.marked.Add(float64(marked))
+	unseen := make(map[string]bool, len(missing))
+	for _, id := range missing {
+		unseen[id] = true
+	}
+	return unseen, nil
+}
+
+// settleMarked calls done for the entries whose rows are marked (the
+// UPDATE has committed: it ran outside any transaction) and for those
+// missing for unseenFor (gone); it returns the others, to try later.
+func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool) (again []entry) {
+	now := time.Now()
+	gone := 0
+	for _, e := range batch {
+		switch {
+		case !unseen[e.id]:
+			e.done()
+		case e.missed.IsZero():
+			e.missed = now
+			again = append(again, e)
+		case now.Sub(e.missed) < unseenFor:
+			again = append(again, e)
+		default:
+			gone++
+			e.done()
+		}
+	}
+	if gone > 0 {
+		j.metrics.gone.Add(float64(gone))
+		j.log.Info("acked events' rows not found; counted as deleted", "events", gone, "missing_for", unseenFor)
+	}
+	return again
+}
+
+// flushParked records parked events, one statement per row (poison is
+// rare). A role without the grant, or a table without the columns, gets
+// one report; the rows are skipped all the same.
+func (j *Janitor) flushParked(ctx context.Context) error {
+	j.mu.Lock()
+	todo := j.parked
+	j.parked = nil
+	j.mu.Unlock()
+	for i, p := range todo {
+		if err := j.park(ctx, p); err != nil {
+			j.mu.Lock()
+			j.parked = append(todo[i:], j.parked...)
+			j.mu.Unlock()
+			return err
+		}
+	}
+	j.mu.Lock()
+	j.freed()
+	j.mu.Unlock()
+	return nil
+}
+
+func (j *Janitor) park(ctx context.Context, p parked) error {
+	if err := j.statements(ctx); err != nil {
+		return err
+	}
+	_, err := j.db.Exec(ctx, j.parkSQL, p.id, p.reason)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		j.metrics.parked.Inc()
+	case errors.As(err, &pgErr) && (pgErr.Code == pgerr.InsufficientPrivilege || pgErr.Code == pgerr.UndefinedColumn):
+		j.metrics.parkUnrecorded.Inc()
+		if !j.parkNoted {
+			j.parkNoted = true
+			j.log.Warn("cannot record parked poison events on their rows (grant UPDATE (attempts, last_error), or add the columns); they are skipped unrecorded, marking goes on; reported once",
+				"event", p.id, "error", err)
+		}
+	default:
+		j.forgetStale(err)
+		return fmt.Errorf("record parked event %s: %w", p.id, err)
+	}
+	p.done()
+	return nil
+}
+
+// forgetStale drops the statements built with the id column's type when
+// an error says that type changed (ALTER COLUMN ... TYPE), so the next
+// flush builds them again.
+func (j *Janitor) forgetStale(err error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return
+	}
+	switch pgErr.Code {
+	case pgerr.UndefinedFunction, // operator does not exist: the column is not of the cast type any more
+		pgerr.DatatypeMismatch,    // datatype mismatch
+		pgerr.FeatureNotSupported: // cached plan must not change result type
+		j.markSQL, j.parkSQL = "", ""
+		j.log.Info("the outbox id column's type changed; rebuilding the janitor's statements", "error", err)
+	}
+}
+
+// statements builds the UPDATEs with the parameter cast to the id column's
+// own type, so the primary key index finds the rows.
+func (j *Janitor) statements(ctx context.Context) error {
+	if j.markSQL != "" {
+		return nil
+	}
+	table := pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize()
+	var typ string
+	err := j.db.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped`, table, j.opts.IDColumn).Scan(&typ)
+	if err != nil {
+		return fmt.Errorf("look up the type of %s.%s: %w", table, j.opts.IDColumn, err)
+	}
+	id := pgx.Identifier{j.opts.IDColumn}.Sanitize()
+	// One round trip marks the batch and names the ids whose rows this
+	// snapshot cannot see (not visible yet, or gone); rows already marked
+	// count as seen.
+	j.markSQL = fmt.Sprintf(`WITH marked AS (
+			UPDATE %[1]s SET published_at = now() WHERE %[2]s = ANY($1::%[3]s[]) AND published_at IS NULL RETURNING 1)
+		SELECT (SELECT count(*) FROM marked),
+		       coalesce((SELECT array_agg(x::text) FROM unnest($1::%[3]s[]) x
+		                 WHERE NOT EXISTS (SELECT 1 FROM %[1]s WHERE %[2]s = x)), '{}')`, table, id, typ)
+	j.parkSQL = fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = left($2, 2000) WHERE %s = $1::%s AND published_at IS NULL`, table, id, typ)
+	return nil
+}
+
+// flushOnExit writes what is still queued within a few seconds, then
+// closes the connection. What it cannot write is harmless: those events'
+// callbacks were never called, so the slot did not pass them, and the next
+// start publishes and marks them again.
+func (j *Janitor) flushOnExit() {
+	defer j.closeDB()
+	if j.Pending() == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), exitFlush)
+	defer cancel()
+	if err := j.write(ctx); err != nil {
+		j.log.Warn("could not write the last marks; their events will be published and marked again on the next start", "error", err)
+	}
+}

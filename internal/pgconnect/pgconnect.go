@@ -1,0 +1,55 @@
+// Package pgconnect parses CDCRELAY_DATABASE_URL into the configuration of
+// each connection the relay opens (replication, slot lock, janitor,
+// monitor, retention), so that every one carries the relay's
+// application_name in pg_stat_activity and a malformed URL is reported the
+// same way everywhere.
+package pgconnect
+
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ApplicationName is the application_name of the relay's connections
+// unless the URL sets one. A synchronous_standby_names entry matching it
+// would make every commit wait for the broker (preflight checks that).
+const ApplicationName = "cdcrelay"
+
+// errParse replaces the parser's error, which may quote the URL and with
+// it the password.
+var errParse = errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
+
+// Config parses url for a pgx connection. application_name (ApplicationName)
+// and each of params are set unless the URL sets them.
+func Config(url string, params map[string]string) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, errParse
+	}
+	setDefaults(cfg.RuntimeParams, params)
+	return cfg, nil
+}
+
+// ReplicationConfig parses url for a pgconn connection (the replication
+// connection), as Config does.
+func ReplicationConfig(url string, params map[string]string) (*pgconn.Config, error) {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return nil, errParse
+	}
+	setDefaults(cfg.RuntimeParams, params)
+	return cfg, nil
+}
+
+func setDefaults(rt, params map[string]string) {
+	if _, set := rt["application_name"]; !set {
+		rt["application_name"] = ApplicationName
+	}
+	for k, v := range params {
+		if _, set := rt[k]; !set {
+			rt[k] = v
+		}
+	}
+}

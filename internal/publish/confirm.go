@@ -1,0 +1,182 @@
+package publish
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/sync/semaphore"
+)
+
+// This file is the confirm side of the publisher: each lane's confirms in
+// publish order, returns, nacks, timeouts, and the connection's closure and
+// flow control.
+
+// confirmLoop takes a lane's confirms in publish order. Acks arrive in any
+// order, within a lane and across lanes; walking each FIFO in order hands
+// the watermark every ack, and its contiguous-prefix rule does the rest.
+func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflight, slots, bytes *semaphore.Weighted) error {
+	for {
+		select {
+		case f, ok := <-fifo:
+			if !ok {
+				return nil
+			}
+			if err := p.await(ctx, l, f); err != nil {
+				return err
+			}
+			bytes.Release(f.weight)
+			slots.Release(1)
+		case r, ok := <-l.returns:
+			return p.returned(l, r, ok)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
+	if f.dc == nil { // parked without a dead-letter exchange: nothing to confirm
+		p.acks.Parked(f.seq, f.id, f.parked)
+		return nil
+	}
+	timer := time.NewTimer(p.ConfirmTimeout)
+	defer timer.Stop()
+	for {
+		select {
+		case <-f.dc.Done():
+			// The broker sends basic.return before the ack of the same
+			// message, and amqp091-go hands the return to our buffered
+			// channel before it resolves the confirmation: so a return for
+			// this message, if any, is already waiting here.
+			select {
+			case r, ok := <-l.returns:
+				return p.returned(l, r, ok)
+			default:
+			}
+			p.Metrics.inFlight.Dec()
+			if !f.dc.Acked() {
+				if l.ch.IsClosed() {
+					return fmt.Errorf("%w while event %s was in flight", laneClosed(l), f.id)
+				}
+				p.Metrics.nacks.Inc()
+				return fmt.Errorf("%w: event %s (a queue refused it: overflow reject-publish or an internal error)", ErrNacked, f.id)
+			}
+			if f.parked != "" {
+				p.acks.Parked(f.seq, f.id, f.parked)
+				return nil
+			}
+			p.acks.Ack(f.seq, f.id)
+			now := time.Now()
+			p.Metrics.confirmLatency.Observe(now.Sub(f.sent).Seconds())
+			if !f.commit.IsZero() {
+				p.Metrics.commitToAck.Observe(now.Sub(f.commit).Seconds())
+			}
+			return nil
+		case r, ok := <-l.returns:
+			return p.returned(l, r, ok)
+		case <-timer.C:
+			// A blocked broker holds confirms back; that is flow control,
+			// not a failure, so the clock restarts once it lets go.
+			if p.blocked.Load() || time.Since(time.Unix(0, p.unblocked.Load())) < p.ConfirmTimeout {
+				timer.Reset(p.ConfirmTimeout)
+				continue
+			}
+			return fmt.Errorf("%w: event %s unconfirmed after %s", ErrConfirmTimeout, f.id, p.ConfirmTimeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// returned turns a receive from a lane's returns channel into the
+// session's error. amqp091-go closes that channel when the channel or the
+// connection closes; the zero Return read from it then is a transport
+// failure, not a basic.return, and must not be counted or reported as one
+// (docs/architecture.md invariant 3).
+func (p *Publisher) returned(l *lane, r amqp.Return, ok bool) error {
+	if !ok {
+		return laneClosed(l)
+	}
+	p.Metrics.returns.Inc()
+	return fmt.Errorf("%w: event %s to exchange %q with routing key %q: %d %s (bind a queue for this key, or check the exchange)",
+		ErrReturned, r.MessageId, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+}
+
+// watch turns connection and channel closure into errors and tracks flow
+// control, until the confirm loops are done.
+func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
+	closed := make(chan error, len(p.link.lanes))
+	for _, l := range p.link.lanes {
+		go func() {
+			select {
+			case e, ok := <-l.closed:
+				closed <- closedError("channel", e, ok)
+			case <-done:
+			case <-ctx.Done():
+			}
+		}()
+	}
+	blocked := p.link.blocked
+	for {
+		select {
+		case e, ok := <-p.link.connClosed:
+			return closedError("connection", e, ok)
+		case err := <-closed:
+			return err
+		case b, ok := <-blocked:
+			if !ok { // closed with the connection, which connClosed reports
+				blocked = nil
+				continue
+			}
+			p.blocked.Store(b.Active)
+			if b.Active {
+				p.Metrics.blocked.Set(1)
+				p.Log.Warn("broker is blocking publishers (resource alarm); publishing paused", "reason", b.Reason)
+			} else {
+				p.Metrics.blocked.Set(0)
+				p.unblocked.Store(time.Now().UnixNano())
+				p.Log.Info("broker unblocked publishers")
+			}
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// laneClosed is the error of a lane whose channel closed, with the
+// broker's reason when it gave one.
+func laneClosed(l *lane) error {
+	e := l.closeReason()
+	return closedError("channel", e, e != nil)
+}
+
+// closedError says that the channel or connection closed and, when the
+// broker closed it, why. A 404 is a publish to an exchange that does not
+// exist (deleted while the relay ran, or named by a row's exchange
+// column): the broker's reason names the exchange, and the error adds the
+// remedy. The error is ErrClosed and, through errors.As, the *amqp.Error.
+func closedError(what string, e *amqp.Error, ok bool) error {
+	if !ok || e == nil {
+		return fmt.Errorf("%w: %s closed", ErrClosed, what)
+	}
+	// The reason may quote a whole over-long value (a frame error).
+	msg := fmt.Sprintf("%v: %s closed by the broker: %d %s", ErrClosed, what, e.Code, clipText(e.Reason))
+	if e.Code == amqp.NotFound {
+		msg += ": the exchange does not exist (deleted?): declare it (the relay does not declare topology), or fix CDCRELAY_EXCHANGE or the row's exchange column (CDCRELAY_EXCHANGE_COLUMN)"
+	}
+	return &brokerClosed{msg: msg, reason: e}
+}
+
+// brokerClosed is a channel or connection the broker closed, with its
+// reason.
+type brokerClosed struct {
+	msg    string
+	reason *amqp.Error
+}
+
+func (b *brokerClosed) Error() string   { return b.msg }
+func (b *brokerClosed) Unwrap() []error { return []error{ErrClosed, b.reason} }

@@ -1,0 +1,103 @@
+package relay
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcrelay/cdcrelay/internal/slot"
+)
+
+// acks hands each confirm to the outcomes recorder (the janitor), and its
+// completion to the watermark: an event counts as done for the slot only
+// once its row is marked (or parked, or gone). Without a recorder the ack
+// goes straight to the watermark. A late callback of an ended session only moves that
+// session's own, discarded watermark: harmless.
+type acks struct {
+	ctx       context.Context //nolint:containedctx // the session's: Ack has no ctx parameter (publish.Acker), and a wait for room in the recorder must end with the session
+	watermark *slot.Watermark
+	outcomes  Outcomes
+	open      *atomic.Int64      // events handed to outcomes and not done yet
+	count     prometheus.Counter // if set, counts every confirm (adoption progress)
+}
+
+func newAcks(ctx context.Context, watermark *slot.Watermark, outcomes Outcomes) acks {
+	return acks{ctx: ctx, watermark: watermark, outcomes: outcomes, open: new(atomic.Int64)}
+}
+
+func (a acks) Ack(seq uint64, id string) {
+	a.hand(seq, func(done func()) error { return a.outcomes.Mark(a.ctx, id, done) })
+}
+
+// Parked moves the watermark past a poison event once it is recorded on
+// its row (or recording proved impossible): never published as is.
+func (a acks) Parked(seq uint64, id, reason string) {
+	a.hand(seq, func(done func()) error { return a.outcomes.Park(a.ctx, id, reason, done) })
+}
+
+// hand gives event seq to outcomes through give, whose done callback
+// acks the watermark; without outcomes the watermark is acked at once.
+func (a acks) hand(seq uint64, give func(done func()) error) {
+	if a.count != nil {
+		a.count.Inc()
+	}
+	if a.outcomes == nil {
+		a.watermark.Ack(seq)
+		return
+	}
+	a.open.Add(1)
+	if give(a.done(seq)) != nil {
+		a.open.Add(-1) // the session is ending; the slot stays before this event
+	}
+}
+
+func (a acks) done(seq uint64) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.watermark.Ack(seq)
+			a.open.Add(-1)
+		})
+	}
+}
+
+// settled returns a channel closed once after is closed and every event
+// handed to outcomes is done (or ctx ends), asking it to write
+// at once: the final status update of a graceful stop then includes the
+// marks written during the drain.
+func (a acks) settled(ctx context.Context, after <-chan struct{}) <-chan struct{} {
+	if a.outcomes == nil {
+		return after
+	}
+	out := make(chan struct{})
+	go func() {
+		select {
+		case <-after:
+		case <-ctx.Done():
+			return // the reader sees ctx end by itself
+		}
+		a.wait(ctx)
+		close(out)
+	}()
+	return out
+}
+
+// wait returns once every event handed to outcomes is done, or ctx ends.
+func (a acks) wait(ctx context.Context) {
+	if a.outcomes == nil {
+		return
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for a.open.Load() > 0 {
+		a.outcomes.Flush()
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}

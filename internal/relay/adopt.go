@@ -1,0 +1,68 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cdcrelay/cdcrelay/internal/publish"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
+	"github.com/cdcrelay/cdcrelay/internal/wal"
+)
+
+// adopt creates the slot and publishes every row with published_at IS NULL
+// from its exported snapshot before streaming starts (docs/architecture.md invariant
+// 7). It returns the slot's consistent point.
+func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, link *publish.Link, locked bool) (pglogrepl.LSN, error) {
+	if !locked {
+		if err := slot.BeginAdoption(ctx, db, r.cfg.Slot); err != nil {
+			return 0, err
+		}
+	}
+	created, err := r.createSlot(ctx, db, repl)
+	if err != nil {
+		return 0, err
+	}
+	r.adopting.Store(true)
+	defer r.adopting.Store(false)
+	r.log.Info("created replication slot; publishing the rows committed before it", "consistent_point", created.ConsistentPoint)
+	began := time.Now()
+	seq := slot.NewWatermark(0)
+	rows := make(chan wal.Event)
+	events := make(chan wal.Event, eventBuffer)
+	var n int
+	// A stop ends the adoption at once, even a publish blocked in a socket
+	// write (invariant 5, docs/architecture.md); it starts again next time.
+	defer context.AfterFunc(ctx, link.Abort)()
+	g, gctx := errgroup.WithContext(ctx)
+	backlogAcks := newAcks(gctx, seq, r.outcomes)
+	// Each confirm counts at once, so the counter shows the adoption's progress.
+	backlogAcks.count = r.metrics.backfilled
+	budget := r.budget()
+	publisher := publish.NewPublisher(link, events, backlogAcks, budget, r.publisherConfig())
+	g.Go(func() error {
+		var err error
+		n, err = slot.Backfill(gctx, db, created, r.mapping, seq, rows)
+		return err
+	})
+	g.Go(func() error { return r.budgeted(gctx, budget, rows, events) })
+	g.Go(func() error { return publisher.Run(gctx) })
+	if err := g.Wait(); err != nil {
+		return 0, fmt.Errorf("publish backlog: %w", err)
+	}
+	// The backlog's rows are behind the slot's consistent point: they must
+	// be marked before the adoption ends (invariant 10).
+	if backlogAcks.wait(ctx); ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	if err := slot.EndAdoption(ctx, db, r.cfg.Slot); err != nil {
+		return 0, err
+	}
+	r.log.Info("published the backlog", "events", n, "took", time.Since(began).Round(time.Millisecond))
+	return created.ConsistentPoint, nil
+}

@@ -1,0 +1,168 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
+)
+
+// This file is one session's life: the slot lock, the setup under it,
+// adoption or resume, then the stream.
+
+// connectTimeout bounds a connection attempt to PostgreSQL (TCP connect
+// and startup) unless the URL sets connect_timeout: a server that accepts
+// but never answers must fail the attempt, not hang the relay.
+const connectTimeout = 10 * time.Second
+
+// session runs one pipeline. ctx ending asks for a graceful stop: read no
+// more, wait up to ShutdownTimeout for in-flight confirms, confirm what was
+// acked, return. Everything it does to the slot happens under the slot
+// lock, taken first on a connection of its own and held until the session
+// ends: a standby waits for it there, and closing it releases it.
+func (r *Relay) session(ctx context.Context) (err error) {
+	lock, err := r.connectLock(ctx)
+	if err != nil {
+		return err
+	}
+	var f *fence
+	// Deferred first, this runs last: the lock is released only once the
+	// replication connection is closed and this relay has let go of the slot.
+	defer func() {
+		if f != nil {
+			err = f.explain(err)
+			f.stop()
+		}
+		_ = lock.Close(context.WithoutCancel(ctx))
+	}()
+	if err := r.acquire(ctx, lock); err != nil {
+		return err
+	}
+	r.owner.Store(true)
+	defer r.owner.Store(false)
+	// The lock's connection stays idle from here on; losing it ends the
+	// session at once: work is cancelled and the replication socket closed.
+	work, cancelWork := context.WithCancel(ctx)
+	defer cancelWork()
+	f = r.startFence(lock, cancelWork)
+
+	db, err := r.connectDB(work)
+	if err != nil {
+		return err
+	}
+	// The normal connection serves the setup and the adoption only.
+	closeDB := func() {
+		if db != nil {
+			_ = db.Close(context.WithoutCancel(ctx))
+			db = nil
+		}
+	}
+	defer closeDB()
+	info, interval, adopting, err := r.prepare(work, db)
+	if err != nil {
+		return err
+	}
+
+	repl, err := r.connectReplication(work)
+	if err != nil {
+		return err
+	}
+	f.guard(repl)
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = repl.Close(cctx)
+	}()
+
+	// The broker is needed from here on: by the adoption, which publishes
+	// the backlog before streaming, and by the stream.
+	link, err := r.dial(work)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = link.Close() }()
+	start := info.ConfirmedFlush
+	if !info.Exists {
+		if start, err = r.adopt(work, db, repl, link, adopting); err != nil {
+			return err
+		}
+	}
+	closeDB()
+	if err := r.startReplication(work, repl); err != nil {
+		return err
+	}
+	return r.stream(ctx, repl, link, start, interval)
+}
+
+// prepare makes sure the publication exists, then looks at the slot, with
+// the slot lock held: an invalidated slot or an interrupted adoption is
+// dropped so that it is created again with a snapshot backfill. adopting
+// reports that prepare already holds the adoption lock.
+func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, interval time.Duration, adopting bool, err error) {
+	info, interval, err = r.inspect(ctx, db)
+	if err != nil || !info.Exists {
+		return info, interval, false, err
+	}
+	switch {
+	case info.Lost:
+		r.metrics.slotLost.Inc()
+		if r.cfg.SlotLost == config.SlotLostStop {
+			return info, 0, false, fmt.Errorf("%w: slot %s has wal_status=lost (max_slot_wal_keep_size); events committed after its position may never have been published; set CDCRELAY_SLOT_LOST=recreate to recreate it and publish every row with published_at IS NULL", slot.ErrSlotLost, r.cfg.Slot)
+		}
+		r.log.Error("replication slot was invalidated (wal_status=lost); recreating it and publishing every unpublished row from its snapshot", "confirmed_flush", info.ConfirmedFlush)
+	case info.Adopting:
+		// The marker outlives only a relay that died while publishing the
+		// backlog: a live adopter of this version holds the slot lock, which
+		// is ours, and one of an older version holds the adoption lock, for
+		// which BeginAdoption reports ErrBusy before anything is dropped.
+		if err := slot.BeginAdoption(ctx, db, r.cfg.Slot); err != nil {
+			return info, 0, false, err
+		}
+		adopting = true
+		r.log.Warn("the previous adoption of this slot was interrupted; recreating the slot and publishing the backlog again")
+	default:
+		// An active slot is the dead holder's walsender on its way out (or
+		// a process outside the slot lock): startReplication waits for it.
+		return info, interval, false, nil
+	}
+	if err := slot.Drop(ctx, db, r.cfg.Slot); err != nil {
+		return info, 0, adopting, err
+	}
+	return slot.Info{}, interval, adopting, nil
+}
+
+// inspect creates the publication if needed and reads the slot's state.
+// It then verifies that the publication publishes exactly the outbox table's inserts (else the
+// session ends with a fatal ErrPublication naming the remedy) and maps the
+// outbox by the table's OID for this session (invariant 9,
+// docs/reliability.md).
+func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Duration, error) {
+	created, err := slot.EnsurePublication(ctx, db, r.target)
+	if err != nil {
+		return slot.Info{}, 0, err
+	}
+	if created {
+		r.log.Info("created publication", "publication", r.target.Publication, "table", r.cfg.Table)
+	}
+	interval, err := slot.StatusInterval(ctx, db, r.cfg.StatusInterval)
+	if err != nil {
+		return slot.Info{}, 0, err
+	}
+	info, err := slot.Inspect(ctx, db, r.target)
+	if err != nil {
+		return info, interval, err
+	}
+	// Verified even when the slot is still active: with the slot lock held
+	// that is a dead holder's walsender letting go, and this session will
+	// stream as soon as it has.
+	table, err := slot.VerifyPublication(ctx, db, r.target)
+	if err != nil {
+		return slot.Info{}, 0, err
+	}
+	r.mapping.OID = table.OID
+	return info, interval, nil
+}
