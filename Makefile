@@ -78,7 +78,7 @@ bench: build
 # Retention over 1,000,000 expired rows (1-2 min): buffers per batch, the
 # timed run and marking latency meanwhile; see docs/performance.md.
 bench-retention:
-	$(GO) test -tags retentionbench -run TestRetentionMillion -v -count=1 -timeout 60m ./internal/retention/
+	$(GO) test -tags retentionbench -run TestIntegrationRetentionMillion -v -count=1 -timeout 60m ./internal/retention/
 
 lint:
 	$(GOLANGCI) run ./...

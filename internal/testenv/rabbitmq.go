@@ -422,6 +422,7 @@ func (r *RabbitMQ) Close() error {
 // the tail of the node's log is logged first.
 func MustRabbitMQ(tb testing.TB, opts RabbitMQOptions) *RabbitMQ {
 	tb.Helper()
+	RequireIntegration(tb, "a private RabbitMQ node")
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	r, err := StartRabbitMQ(ctx, opts)
