@@ -27,7 +27,7 @@ func MustPostgres(tb testing.TB, opts PostgresOptions) *Postgres {
 	}
 	tb.Cleanup(func() {
 		if tb.Failed() {
-			tb.Logf("postgres server log (last 50 lines, %s):\n%s", p.DataDir(), tail(p.ServerLog(), 50))
+			tb.Logf("postgres server log (last 50 lines, %s):\n%s", p.DataDir(), Tail(p.ServerLog(), 50))
 		}
 		if err := p.Close(); err != nil {
 			tb.Errorf("close postgres: %v", err)
