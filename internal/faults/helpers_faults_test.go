@@ -16,21 +16,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 )
 
 // Helpers only the slow (build tag faults) tests use.
 
 // --- the relay binary ---
-
-// builds holds the relay binaries the process tests build; TestMain's
-// cleanups remove them.
-var builds testenv.Builds
-
-func init() {
-	cleanups = append(cleanups, builds.Remove)
-}
 
 // process is the relay binary running as a child process.
 type process struct {
@@ -56,11 +48,7 @@ func (w *world) startProcess(o processOptions) *process {
 	for k, v := range o.Extra {
 		extra[k] = v
 	}
-	env := os.Environ()
-	for k, v := range w.vars(extra) {
-		env = append(env, config.Prefix+k+"="+v)
-	}
-	env = append(env, o.Env...)
+	env := append(relaytest.Environ(w.vars(extra)), o.Env...)
 	return &process{Process: testenv.StartProcess(w.t, bin, env, "run"), httpAddr: "127.0.0.1:" + strconv.Itoa(port)}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 )
 
 // TestIntegrationBacklogMemoryBounded commits a 200,000-event backlog in one burst
@@ -26,7 +27,7 @@ func TestIntegrationBacklogMemoryBounded(t *testing.T) {
 		budget   = 32 << 10 // KiB the backlog may add to the relay's RSS
 	)
 	w := newWorld(t, worldOptions{})
-	link := testenv.MustProxy(t, mustHostPort(t, w.amqpURL))
+	link := testenv.MustProxy(t, relaytest.BrokerHostPort(t, w.amqpURL))
 	p := w.startProcess(processOptions{Extra: map[string]string{
 		"AMQP_URL": "amqp://guest:guest@" + link.Addr() + "/", "LOG_LEVEL": "warn",
 	}})
@@ -102,13 +103,4 @@ func TestIntegrationBacklogMemoryBounded(t *testing.T) {
 	if peak-baseline > budget {
 		t.Errorf("peak RSS %d KiB is %d KiB above the %d KiB before the backlog: memory grows with the backlog", peak, peak-baseline, baseline)
 	}
-}
-
-func mustHostPort(t *testing.T, url string) string {
-	t.Helper()
-	hp, err := amqpURI(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return hp
 }
