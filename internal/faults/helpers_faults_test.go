@@ -16,11 +16,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 )
 
 // Helpers only the slow (build tag faults) tests use.
+
+// connect opens another direct connection to the test's database (after a
+// server restart), closed when the test ends.
+func (w *world) connect() *pgx.Conn {
+	w.t.Helper()
+	return relaytest.Connect(w.t, w.dbURL)
+}
 
 // --- the relay binary ---
 

@@ -77,11 +77,6 @@ func (w *world) drain(t *testing.T, queue string) {
 	}()
 }
 
-func (w *world) connect() *pgx.Conn {
-	w.t.Helper()
-	return relaytest.Connect(w.t, w.dbURL)
-}
-
 // relayDBURL is the database URL the relay uses (through the proxy if any).
 func (w *world) relayDBURL() string {
 	if w.pgProxy != nil {
