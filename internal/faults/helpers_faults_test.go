@@ -3,7 +3,6 @@
 package faults_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -107,20 +106,6 @@ func (p *process) metrics(names ...string) (map[string]float64, error) {
 		}
 	}
 	return out, nil
-}
-
-// insertCommits is insert with the commit time of each transaction.
-func (w *world) insertCommits(t *testing.T, txs, size int) []commit {
-	t.Helper()
-	var out []commit
-	for i := range txs {
-		ids, err := insertTx(context.Background(), w.db, routingKeys[i%len(routingKeys)], size)
-		if err != nil {
-			t.Fatalf("insert: %v", err)
-		}
-		out = append(out, commit{at: time.Now(), ids: ids})
-	}
-	return out
 }
 
 // waitEvents waits until the loader has committed at least n events.

@@ -31,15 +31,21 @@ func insertTx(ctx context.Context, db *pgx.Conn, key string, n int) ([]string, e
 // keys, and returns the ids in commit order.
 func (w *world) insert(t *testing.T, txs, size int) []string {
 	t.Helper()
-	var all []string
+	return ids(w.insertCommits(t, txs, size))
+}
+
+// insertCommits is insert with the commit time of each transaction.
+func (w *world) insertCommits(t *testing.T, txs, size int) []commit {
+	t.Helper()
+	var out []commit
 	for i := range txs {
 		ids, err := insertTx(context.Background(), w.db, routingKeys[i%len(routingKeys)], size)
 		if err != nil {
 			t.Fatalf("insert: %v", err)
 		}
-		all = append(all, ids...)
+		out = append(out, commit{at: time.Now(), ids: ids})
 	}
-	return all
+	return out
 }
 
 // ids flattens the ids of transactions.

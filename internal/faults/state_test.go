@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/cdcrelay/cdcrelay/internal/publish"
+	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 )
 
 // commitLSN returns the commit LSN (the relay's header) of the transaction
@@ -16,19 +16,7 @@ import (
 // transaction whose commit record is not below the confirmed position.
 func (w *world) commitLSN(t *testing.T, id string) pglogrepl.LSN {
 	t.Helper()
-	for _, d := range w.consumer.Deliveries() {
-		if d.MessageID != id {
-			continue
-		}
-		text, _ := d.Headers[publish.HeaderCommitLSN].(string)
-		lsn, err := pglogrepl.ParseLSN(text)
-		if err != nil {
-			t.Fatalf("commit LSN header of %s: %v", id, err)
-		}
-		return lsn
-	}
-	t.Fatalf("event %s not delivered", id)
-	return 0
+	return relaytest.CommitLSN(t, w.consumer, id)
 }
 
 // currentLSN is the WAL insert position now: every transaction committed

@@ -20,6 +20,7 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
 
@@ -74,12 +75,7 @@ func newFixture(t *testing.T, pg *testenv.Postgres, amqpURL string, setup ...str
 
 func connect(t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()
-	db, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close(context.Background()) })
-	return db
+	return relaytest.Connect(t, dsn)
 }
 
 // exec runs statements as the superuser; "{role}" stands for the relay role.

@@ -292,6 +292,12 @@ func insertDelivered(t *testing.T, e *env, sizes ...int) ([]row, pglogrepl.LSN) 
 	return rows, last
 }
 
+// marksCommitLSN is the commit LSN header of the first delivery of id.
+func marksCommitLSN(t *testing.T, e *env, id string) pglogrepl.LSN {
+	t.Helper()
+	return relaytest.CommitLSN(t, e.consumer, id)
+}
+
 // restartPostgres starts the stopped server again and reconnects the
 // test's own connection.
 func restartPostgres(t *testing.T, e *env) {

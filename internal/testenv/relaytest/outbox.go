@@ -102,6 +102,27 @@ func PositionOf(d testenv.Delivery) (Position, error) {
 	return Position{lsn, index}, nil
 }
 
+// CommitLSN is the commit LSN header of id's first delivery to c: a slot
+// confirmed at or below it has not passed that transaction, since logical
+// decoding sends again every transaction whose commit record is not below
+// the confirmed position.
+func CommitLSN(t testing.TB, c *testenv.Consumer, id string) pglogrepl.LSN {
+	t.Helper()
+	for _, d := range c.Deliveries() {
+		if d.MessageID != id {
+			continue
+		}
+		text, _ := d.Headers[publish.HeaderCommitLSN].(string)
+		lsn, err := pglogrepl.ParseLSN(text)
+		if err != nil {
+			t.Fatalf("commit LSN header of %s: %v", id, err)
+		}
+		return lsn
+	}
+	t.Fatalf("event %s not delivered", id)
+	return 0
+}
+
 // After reports whether p comes strictly after prev in commit order.
 func (p Position) After(prev Position) bool {
 	return p.LSN > prev.LSN || (p.LSN == prev.LSN && p.Index > prev.Index)
