@@ -259,7 +259,13 @@ func (p *Proxy) waitForPath(l *proxyLink) bool {
 func (p *Proxy) pump(l *proxyLink, dir direction, src, dst net.Conn) {
 	buf := make([]byte, 32*1024)
 	for {
-		n, rerr := src.Read(buf)
+		// While a rate is set, read no more than is written before the
+		// next pause, so the proxy holds no extra backlog of its own.
+		chunk := buf
+		if dir == upstream && p.rate.Load() > 0 {
+			chunk = buf[:rateChunk]
+		}
+		n, rerr := src.Read(chunk)
 		if n > 0 {
 			if dir == upstream {
 				p.noteFirst(l, buf[:n])
