@@ -1,4 +1,6 @@
-# cdcrelay: make demo | make test | make lint | make build
+# cdcrelay: make demo | make test | make test-unit | make lint | make build
+# make test-unit: the service-free layer in under a minute (no PostgreSQL, no
+# RabbitMQ, no built binaries); make test: everything. docs/testing.md.
 GO        ?= go
 GOLANGCI  ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 # FUZZTIME empty: each fuzz target runs a fixed number of executions (about
@@ -15,7 +17,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # IMAGEFLAGS=-arch=arm64 builds for another architecture.
 IMAGEFLAGS ?=
 
-.PHONY: build image demo test test-go test-faults test-alerts fuzz chart-test bench bench-retention lint clean
+.PHONY: build image demo test test-unit test-go test-faults test-alerts fuzz chart-test bench bench-retention lint clean
 
 build:
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/cdcrelay ./cmd/cdcrelay
@@ -38,6 +40,13 @@ demo: build
 # Helm chart tests, then the live alert test (which needs the helm binary
 # the chart tests build).
 test: test-go fuzz chart-test test-alerts
+
+# Every test not named TestIntegration*: pure logic, fakes and fuzz seeds,
+# with the race detector, shuffled, goroutine leaks checked in the pure
+# packages. Needs no service; testenv fails a test that starts one without
+# the TestIntegration prefix (docs/testing.md, "The TestIntegration rule").
+test-unit:
+	$(GO) test -race -count=1 -shuffle=on -skip '^TestIntegration' ./...
 
 test-go:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -78,7 +87,7 @@ bench: build
 # Retention over 1,000,000 expired rows (1-2 min): buffers per batch, the
 # timed run and marking latency meanwhile; see docs/performance.md.
 bench-retention:
-	$(GO) test -tags retentionbench -run TestRetentionMillion -v -count=1 -timeout 60m ./internal/retention/
+	$(GO) test -tags retentionbench -run TestIntegrationRetentionMillion -v -count=1 -timeout 60m ./internal/retention/
 
 lint:
 	$(GOLANGCI) run ./...

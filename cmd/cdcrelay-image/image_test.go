@@ -73,10 +73,10 @@ func decode(t *testing.T, b []byte, v any) {
 	}
 }
 
-// TestImage builds the image as `make image` does, checks the OCI layout, every
+// TestIntegrationImage builds the image as `make image` does, checks the OCI layout, every
 // digest and size, the configuration the chart relies on, and runs the binary
 // from the unpacked layer.
-func TestImage(t *testing.T) {
+func TestIntegrationImage(t *testing.T) {
 	created := time.Unix(1700000000, 0).UTC()
 	dir := t.TempDir()
 	o := options{version: "v9.8.7-test", revision: "abc123", pkg: "github.com/cdcrelay/cdcrelay/cmd/cdcrelay",

@@ -23,14 +23,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestMemoryLimitInRealCgroup runs the built relay inside a real memory
+// TestIntegrationMemoryLimitInRealCgroup runs the built relay inside a real memory
 // cgroup with a 256MiB limit and checks that it gives the Go runtime 90%
 // of it. It uses whichever hierarchy carries the memory controller on this
 // machine: cgroup v2 (memory.max) or v1 (memory.limit_in_bytes). It needs
 // root and a writable cgroup mount; without them it fails rather than
 // pretend. The same process shows the start-up warning about an unknown
 // variable and serves cdcrelay_build_info.
-func TestMemoryLimitInRealCgroup(t *testing.T) {
+func TestIntegrationMemoryLimitInRealCgroup(t *testing.T) {
 	dir, limitFile := newMemoryCgroup(t)
 	const limit = 256 << 20
 	if err := os.WriteFile(filepath.Join(dir, limitFile), []byte(fmt.Sprint(limit)), 0o644); err != nil {

@@ -13,11 +13,11 @@ import (
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
 
-// TestDeletedExchangeNamed runs the relay against the real broker, deletes
+// TestIntegrationDeletedExchangeNamed runs the relay against the real broker, deletes
 // its exchange while it streams and inserts a row: the error the relay
 // logs must carry the broker's 404 NOT_FOUND with the exchange's name and
 // the remedy, not only "channel closed".
-func TestDeletedExchangeNamed(t *testing.T) {
+func TestIntegrationDeletedExchangeNamed(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -16,7 +16,7 @@ import (
 // delivered after it. The monitor keeps refreshing while nothing streams
 // (CONTRACT: the monitor lock's holder refreshes whatever its role), so
 // CdcrelayMonitorStale must stay quiet all along.
-func TestBrokerOutageFiresNoStreamingRelay(t *testing.T) {
+func TestIntegrationBrokerOutageFiresNoStreamingRelay(t *testing.T) {
 	tl := requireTools(t)
 	slot := testenv.UniqueName("alertlive")
 	rules := renderRules(t, tl, slot)

@@ -4,7 +4,6 @@ package alertlive_test
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -12,11 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
-	"github.com/cdcrelay/cdcrelay/migrations"
+	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 )
 
 // builds holds the relay binary; TestMain removes it.
@@ -43,44 +40,11 @@ type world struct {
 
 func newWorld(t *testing.T, slot string) *world {
 	t.Helper()
-	amqpURL := testenv.RequireAMQP(t)
-	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
-	ctx := context.Background()
-	if err := pg.CreateDatabase(ctx, "app"); err != nil {
-		t.Fatal(err)
-	}
-	w := &world{slot: slot}
-	db, err := pgx.Connect(ctx, pg.URL("app"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close(context.Background()) })
-	w.db = db
-	if err := migrations.Apply(ctx, db); err != nil {
-		t.Fatal(err)
-	}
-	exchange := testenv.UniqueName("cdcrelay_alertlive")
-	// The consumer declares the exchange and a temporary queue bound to it,
-	// and deletes the queue when the test ends; the exchange goes here.
-	w.consumer = testenv.MustConsumer(t, amqpURL, exchange, testenv.UniqueName("cdcrelay_alertlive_q"), "#")
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = testenv.DeleteExchange(cctx, amqpURL, exchange)
-	})
-	w.proxy = testenv.MustProxy(t, brokerHostPort(t, amqpURL))
-	w.startRelay(t, pg.URL("app"), exchange)
+	rw := relaytest.NewWorld(t, relaytest.Options{Exchange: "cdcrelay_alertlive", Queue: "cdcrelay_alertlive_q"})
+	w := &world{slot: slot, db: rw.DB, consumer: rw.Consumer}
+	w.proxy = testenv.MustProxy(t, relaytest.BrokerHostPort(t, rw.AMQPURL))
+	w.startRelay(t, rw.DBURL, rw.Exchange)
 	return w
-}
-
-// brokerHostPort is the host:port of an AMQP URL.
-func brokerHostPort(t *testing.T, amqpURL string) string {
-	t.Helper()
-	u, err := amqp.ParseURI(amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return net.JoinHostPort(u.Host, strconv.Itoa(u.Port))
 }
 
 // startRelay runs the relay binary (built without -race: the test is
@@ -95,11 +59,7 @@ func (w *world) startRelay(t *testing.T, dbURL, exchange string) {
 		"EXCHANGE": exchange, "SLOT": w.slot, "HTTP_ADDR": w.relayAddr,
 		"BACKOFF_MIN": "200ms", "BACKOFF_MAX": "2s", "MONITOR_INTERVAL": "1s", "LOG_LEVEL": "info",
 	}
-	env := os.Environ()
-	for k, v := range vars {
-		env = append(env, config.Prefix+k+"="+v)
-	}
-	w.relay = testenv.StartProcess(t, builds.Relay(t, false, ""), env, "run")
+	w.relay = testenv.StartProcess(t, builds.Relay(t, false, ""), relaytest.Environ(vars), "run")
 	deadline := time.Now().Add(time.Minute)
 	for !w.serving() {
 		if exited, err := w.relay.Exited(); exited {

@@ -12,12 +12,12 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// TestBrokerOutage stops a real broker node (a private one: the machine's
+// TestIntegrationBrokerOutage stops a real broker node (a private one: the machine's
 // shared broker is never touched), commits 50 events while it is down, and
 // starts it again: all 50 arrive in commit order within 30 s, without
 // restarting the relay. The relay runs with the product's default backoff
 // (500ms doubling to 30s).
-func TestBrokerOutage(t *testing.T) {
+func TestIntegrationBrokerOutage(t *testing.T) {
 	rmq := testenv.MustRabbitMQ(t, testenv.RabbitMQOptions{})
 	w := newWorld(t, worldOptions{Broker: rmq})
 	r := w.startRelay(map[string]string{"BACKOFF_MAX": "30s"})
@@ -64,9 +64,9 @@ func TestBrokerOutage(t *testing.T) {
 	t.Logf("relay failures: %s", strings.Join(r.failures(), " | "))
 }
 
-// TestBrokerOutageUnderLoad stops and starts the broker node in the middle
+// TestIntegrationBrokerOutageUnderLoad stops and starts the broker node in the middle
 // of a steady load of 5,000 events.
-func TestBrokerOutageUnderLoad(t *testing.T) {
+func TestIntegrationBrokerOutageUnderLoad(t *testing.T) {
 	rmq := testenv.MustRabbitMQ(t, testenv.RabbitMQOptions{})
 	w := newWorld(t, worldOptions{Broker: rmq})
 	r := w.startRelay(map[string]string{"BACKOFF_MAX": "30s"})
@@ -94,13 +94,13 @@ func TestBrokerOutageUnderLoad(t *testing.T) {
 	t.Logf("relay failures: %s", strings.Join(r.failures(), " | "))
 }
 
-// TestBrokerBlocksPublishers raises the broker's memory alarm
+// TestIntegrationBrokerBlocksPublishers raises the broker's memory alarm
 // (set_vm_memory_high_watermark 0 on a private node), which blocks every
 // publishing connection, for longer than twice wal_sender_timeout (5s):
 // status updates keep flowing so PostgreSQL does not kill the walsender,
 // the confirm timeout (3s here) is paused rather than restarting the
 // pipeline, and the relay resumes on its own when the alarm clears.
-func TestBrokerBlocksPublishers(t *testing.T) {
+func TestIntegrationBrokerBlocksPublishers(t *testing.T) {
 	const walSenderTimeout = 5 * time.Second
 	rmq := testenv.MustRabbitMQ(t, testenv.RabbitMQOptions{})
 	w := newWorld(t, worldOptions{Broker: rmq, PG: testenv.PostgresOptions{Settings: map[string]string{
@@ -171,14 +171,14 @@ func TestBrokerBlocksPublishers(t *testing.T) {
 			heldFor.Round(100*time.Millisecond), walSenderTimeout, oldestReply.Round(100*time.Millisecond)))
 }
 
-// TestBrokerBlackhole partitions the relay from the broker (no RST, no FIN:
+// TestIntegrationBrokerBlackhole partitions the relay from the broker (no RST, no FIN:
 // bytes just stop) for 20s in the middle of a steady load. Heartbeats
 // notice the silent link; the relay restarts, its connection attempts
 // through the partition fail (the proxy accepts TCP but nothing answers,
 // like a load balancer in front of a dead broker) rather than hang, and
 // once the partition heals it publishes everything unconfirmed again, in
 // order.
-func TestBrokerBlackhole(t *testing.T) {
+func TestIntegrationBrokerBlackhole(t *testing.T) {
 	const (
 		heartbeat = 2 * time.Second
 		partition = 20 * time.Second

@@ -13,11 +13,11 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// TestBrokerLinkReset cuts the relay's broker connection with an RST in
+// TestIntegrationBrokerLinkReset cuts the relay's broker connection with an RST in
 // the middle of a steady load: the relay notices at once, reconnects and
 // publishes again from the slot, so everything unconfirmed goes out again
 // in order.
-func TestBrokerLinkReset(t *testing.T) {
+func TestIntegrationBrokerLinkReset(t *testing.T) {
 	w := newWorld(t, worldOptions{AMQPProxy: true})
 	r := w.startRelay(map[string]string{"AMQP_HEARTBEAT": "2s"})
 	r.waitStreaming(t)
@@ -36,12 +36,12 @@ func TestBrokerLinkReset(t *testing.T) {
 	w.check(t, "broker link reset (RST) under load", fault, l.since(fault), "")
 }
 
-// TestBrokerNacks: a queue with x-overflow=reject-publish and
+// TestIntegrationBrokerNacks: a queue with x-overflow=reject-publish and
 // x-max-length=10 makes the broker nack the 11th event routed to it. The
 // slot must not move past it, the relay must say what is wrong and retry
 // with backoff, and once a consumer drains the queue everything goes
 // through.
-func TestBrokerNacks(t *testing.T) {
+func TestIntegrationBrokerNacks(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	limited := testenv.UniqueName("cdcrelay.faults.limited")
 	w.amqp(t, func(ch *amqp.Channel) error {
@@ -109,11 +109,11 @@ func TestBrokerNacks(t *testing.T) {
 		fmt.Sprintf("retried with backoff, retry_in %s; recovery = a consumer started draining the full queue until the slot passed the last event", retryIns(failures)))
 }
 
-// TestBrokerReturns: an event whose routing key no queue is bound to comes
+// TestIntegrationBrokerReturns: an event whose routing key no queue is bound to comes
 // back (mandatory). The slot must not move past it, the relay must say
 // what is wrong and retry with backoff, and once a queue is bound it is
 // delivered.
-func TestBrokerReturns(t *testing.T) {
+func TestIntegrationBrokerReturns(t *testing.T) {
 	w := newWorld(t, worldOptions{Binding: "ev.#"})
 	r := w.startRelay(nil)
 	r.waitStreaming(t)

@@ -16,9 +16,9 @@ import (
 // failpoint (internal/failpoint): the binary is built with -tags
 // failpoints and CDCRELAY_FAILPOINT names the point.
 
-// TestFailpointKillAfterPublish: SIGKILL right after the 1500th publish,
+// TestIntegrationFailpointKillAfterPublish: SIGKILL right after the 1500th publish,
 // before its confirm is processed.
-func TestFailpointKillAfterPublish(t *testing.T) {
+func TestIntegrationFailpointKillAfterPublish(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	p := w.startProcess(processOptions{Race: true, Tags: "failpoints",
 		Env: []string{failpoint.Env + "=" + failpoint.AfterPublish + "@1500"}})
@@ -41,10 +41,10 @@ func TestFailpointKillAfterPublish(t *testing.T) {
 		fmt.Sprintf("slot at kill %s, the event's commit %s; recovery = new process start until the slot passed it", slotAtKill, killedAt))
 }
 
-// TestFailpointKillBeforeStatus: SIGKILL after the watermark moved past
+// TestIntegrationFailpointKillBeforeStatus: SIGKILL after the watermark moved past
 // confirmed events, before the status update that reports it, at the 10th
 // such update under a steady load.
-func TestFailpointKillBeforeStatus(t *testing.T) {
+func TestIntegrationFailpointKillBeforeStatus(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	p := w.startProcess(processOptions{Race: true, Tags: "failpoints",
 		Env: []string{failpoint.Env + "=" + failpoint.BeforeStatus + "@10"}})

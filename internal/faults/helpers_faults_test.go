@@ -3,7 +3,6 @@
 package faults_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -16,21 +15,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 )
 
 // Helpers only the slow (build tag faults) tests use.
 
-// --- the relay binary ---
-
-// builds holds the relay binaries the process tests build; TestMain's
-// cleanups remove them.
-var builds testenv.Builds
-
-func init() {
-	cleanups = append(cleanups, builds.Remove)
+// connect opens another direct connection to the test's database (after a
+// server restart), closed when the test ends.
+func (w *world) connect() *pgx.Conn {
+	w.t.Helper()
+	return relaytest.Connect(w.t, w.dbURL)
 }
+
+// --- the relay binary ---
 
 // process is the relay binary running as a child process.
 type process struct {
@@ -56,11 +56,7 @@ func (w *world) startProcess(o processOptions) *process {
 	for k, v := range o.Extra {
 		extra[k] = v
 	}
-	env := os.Environ()
-	for k, v := range w.vars(extra) {
-		env = append(env, config.Prefix+k+"="+v)
-	}
-	env = append(env, o.Env...)
+	env := append(relaytest.Environ(w.vars(extra)), o.Env...)
 	return &process{Process: testenv.StartProcess(w.t, bin, env, "run"), httpAddr: "127.0.0.1:" + strconv.Itoa(port)}
 }
 
@@ -110,20 +106,6 @@ func (p *process) metrics(names ...string) (map[string]float64, error) {
 		}
 	}
 	return out, nil
-}
-
-// insertCommits is insert with the commit time of each transaction.
-func (w *world) insertCommits(t *testing.T, txs, size int) []commit {
-	t.Helper()
-	var out []commit
-	for i := range txs {
-		ids, err := insertTx(context.Background(), w.db, routingKeys[i%len(routingKeys)], size)
-		if err != nil {
-			t.Fatalf("insert: %v", err)
-		}
-		out = append(out, commit{at: time.Now(), ids: ids})
-	}
-	return out
 }
 
 // waitEvents waits until the loader has committed at least n events.

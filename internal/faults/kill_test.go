@@ -12,12 +12,12 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// TestKillAfterPublishBeforeConfirm SIGKILLs the relay process while
+// TestIntegrationKillAfterPublishBeforeConfirm SIGKILLs the relay process while
 // events are published (the broker has routed them: the consumer has them)
 // but their confirms have not reached the relay: a proxy holds everything
 // the broker sends. The slot must stay before those events, and the next
 // process publishes them again.
-func TestKillAfterPublishBeforeConfirm(t *testing.T) {
+func TestIntegrationKillAfterPublishBeforeConfirm(t *testing.T) {
 	w := newWorld(t, worldOptions{AMQPProxy: true})
 	p := w.startProcess(processOptions{Race: true, Extra: map[string]string{"AMQP_HEARTBEAT": "60s"}})
 	testenv.WaitSlotActive(t, w.db, slotName, 30*time.Second)
@@ -52,14 +52,14 @@ func TestKillAfterPublishBeforeConfirm(t *testing.T) {
 	}
 }
 
-// TestKillAfterConfirmBeforeStatusUpdate SIGKILLs the relay process after
+// TestIntegrationKillAfterConfirmBeforeStatusUpdate SIGKILLs the relay process after
 // the broker confirmed events but before PostgreSQL got the status update
 // that reports them: a proxy holds what the relay sends on its replication
 // connection, while the janitor's connection goes through, so the rows are
 // marked (the slot may only move past marked rows) and the relay believes
 // it reported them. The slot stays before them; the next process publishes
 // them again (duplicates, never a gap).
-func TestKillAfterConfirmBeforeStatusUpdate(t *testing.T) {
+func TestIntegrationKillAfterConfirmBeforeStatusUpdate(t *testing.T) {
 	w := newWorld(t, worldOptions{PGProxy: true})
 	p := w.startProcess(processOptions{Race: true})
 	testenv.WaitSlotActive(t, w.db, slotName, 30*time.Second)
@@ -99,12 +99,12 @@ func TestKillAfterConfirmBeforeStatusUpdate(t *testing.T) {
 	}
 }
 
-// TestKillInsideLargeTransaction SIGKILLs the relay process in the middle
+// TestIntegrationKillInsideLargeTransaction SIGKILLs the relay process in the middle
 // of publishing one 100,000-row transaction. The slot cannot move inside a
 // transaction, so the next process publishes all of it again. The binary
 // is built without -race here: 200,000 publishes under the race detector
 // would take minutes.
-func TestKillInsideLargeTransaction(t *testing.T) {
+func TestIntegrationKillInsideLargeTransaction(t *testing.T) {
 	const big = 100_000
 	w := newWorld(t, worldOptions{})
 	p := w.startProcess(processOptions{})

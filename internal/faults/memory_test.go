@@ -4,23 +4,22 @@ package faults_test
 
 import (
 	"fmt"
-	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 )
 
-// TestBacklogMemoryBounded commits a 200,000-event backlog in one burst
+// TestIntegrationBacklogMemoryBounded commits a 200,000-event backlog in one burst
 // while the broker link is slow (a proxy passes 200 KB/s of publishes), so
 // the backlog waits in the WAL, not in the relay. The relay's resident
 // memory must stay bounded by its in-flight window whatever the backlog: its
 // peak RSS (VmHWM) may not exceed its RSS before the backlog by more than
 // the window's worth of memory. The binary is built without -race, whose
 // shadow memory would swamp the figure.
-func TestBacklogMemoryBounded(t *testing.T) {
+func TestIntegrationBacklogMemoryBounded(t *testing.T) {
 	const (
 		backlog  = 200_000
 		slowRate = 200 << 10 // bytes/s of publishes
@@ -28,7 +27,7 @@ func TestBacklogMemoryBounded(t *testing.T) {
 		budget   = 32 << 10 // KiB the backlog may add to the relay's RSS
 	)
 	w := newWorld(t, worldOptions{})
-	link := newThrottle(t, mustHostPort(t, w.amqpURL))
+	link := testenv.MustProxy(t, relaytest.BrokerHostPort(t, w.amqpURL))
 	p := w.startProcess(processOptions{Extra: map[string]string{
 		"AMQP_URL": "amqp://guest:guest@" + link.Addr() + "/", "LOG_LEVEL": "warn",
 	}})
@@ -104,91 +103,4 @@ func TestBacklogMemoryBounded(t *testing.T) {
 	if peak-baseline > budget {
 		t.Errorf("peak RSS %d KiB is %d KiB above the %d KiB before the backlog: memory grows with the backlog", peak, peak-baseline, baseline)
 	}
-}
-
-// throttle is a TCP proxy that can limit the client->target byte rate, to
-// make a broker slow to take publishes (and so slow to confirm them).
-type throttle struct {
-	ln     net.Listener
-	target string
-	rate   atomic.Int64 // bytes per second; 0 = unlimited
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  []net.Conn
-}
-
-func newThrottle(t *testing.T, target string) *throttle {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &throttle{ln: ln, target: target}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *throttle) Addr() string { return p.ln.Addr().String() }
-
-// SetRate limits client->target traffic to bps bytes per second (0: none).
-func (p *throttle) SetRate(bps int64) { p.rate.Store(bps) }
-
-func (p *throttle) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go func() { defer p.wg.Done(); p.pump(s, c, true) }()
-		go func() { defer p.wg.Done(); p.pump(c, s, false) }()
-	}
-}
-
-func (p *throttle) pump(dst, src net.Conn, limited bool) {
-	defer dst.Close()
-	defer src.Close()
-	buf := make([]byte, 4096)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-			if r := p.rate.Load(); limited && r > 0 {
-				time.Sleep(time.Duration(int64(n) * int64(time.Second) / r))
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func mustHostPort(t *testing.T, url string) string {
-	t.Helper()
-	hp, err := amqpURI(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return hp
 }

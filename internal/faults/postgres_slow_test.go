@@ -12,14 +12,14 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// TestPostgresBlackhole partitions the relay from PostgreSQL (no RST, no
+// TestIntegrationPostgresBlackhole partitions the relay from PostgreSQL (no RST, no
 // FIN: bytes just stop) for 25s under a steady load, then heals it. The
 // relay must notice the silent replication connection within twice
 // wal_sender_timeout (as PostgreSQL notices a silent relay within
 // wal_sender_timeout), its connection attempts through the partition must
 // fail rather than hang, and once the partition heals every event must
 // arrive.
-func TestPostgresBlackhole(t *testing.T) {
+func TestIntegrationPostgresBlackhole(t *testing.T) {
 	const (
 		walSenderTimeout = 5 * time.Second
 		partition        = 25 * time.Second
@@ -65,10 +65,10 @@ func TestPostgresBlackhole(t *testing.T) {
 	}
 }
 
-// TestPostgresCrashRestart crashes PostgreSQL (pg_ctl restart -m
+// TestIntegrationPostgresCrashRestart crashes PostgreSQL (pg_ctl restart -m
 // immediate: recovery on start) under a steady load. The loader reconnects
 // too; rows whose COMMIT outcome it never learnt are taken from the table.
-func TestPostgresCrashRestart(t *testing.T) {
+func TestIntegrationPostgresCrashRestart(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	r := w.startRelay(nil)
 	r.waitStreaming(t)

@@ -8,9 +8,9 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// TestPostgresLinkReset cuts the relay's PostgreSQL connections (the
+// TestIntegrationPostgresLinkReset cuts the relay's PostgreSQL connections (the
 // replication stream and the janitor's) with an RST under a steady load.
-func TestPostgresLinkReset(t *testing.T) {
+func TestIntegrationPostgresLinkReset(t *testing.T) {
 	w := newWorld(t, worldOptions{PGProxy: true})
 	r := w.startRelay(nil)
 	r.waitStreaming(t)
@@ -28,9 +28,9 @@ func TestPostgresLinkReset(t *testing.T) {
 	w.check(t, "PostgreSQL link reset (RST) under load", fault, l.since(fault), "")
 }
 
-// TestPostgresTerminateWalsender kills the walsender serving the relay with
+// TestIntegrationPostgresTerminateWalsender kills the walsender serving the relay with
 // pg_terminate_backend under a steady load.
-func TestPostgresTerminateWalsender(t *testing.T) {
+func TestIntegrationPostgresTerminateWalsender(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	r := w.startRelay(nil)
 	r.waitStreaming(t)

@@ -16,10 +16,10 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// TestConnectLeadsWithTheCause connects with the default sslmode=prefer
+// TestIntegrationConnectLeadsWithTheCause connects with the default sslmode=prefer
 // to a real server without TLS: a wrong password and a missing database
 // must be reported first, the TLS refusal after, and the SQLSTATE kept.
-func TestConnectLeadsWithTheCause(t *testing.T) {
+func TestIntegrationConnectLeadsWithTheCause(t *testing.T) {
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -13,10 +13,10 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// TestCheckBinary runs the built `cdcrelay check` end to end: exit 0 on a
+// TestIntegrationCheckBinary runs the built `cdcrelay check` end to end: exit 0 on a
 // good database, 1 with the finding on stdout on a bad one, no password in
 // either stream.
-func TestCheckBinary(t *testing.T) {
+func TestIntegrationCheckBinary(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "cdcrelay")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/cdcrelay")
 	build.Dir = filepath.Join("..", "..")

@@ -20,6 +20,7 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
 
@@ -74,12 +75,7 @@ func newFixture(t *testing.T, pg *testenv.Postgres, amqpURL string, setup ...str
 
 func connect(t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()
-	db, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close(context.Background()) })
-	return db
+	return relaytest.Connect(t, dsn)
 }
 
 // exec runs statements as the superuser; "{role}" stands for the relay role.
@@ -190,10 +186,10 @@ func warnings(fs []preflight.Finding) []preflight.Finding {
 	return out
 }
 
-// TestCheckRealCluster runs each misconfiguration on a database of its own
+// TestIntegrationCheckRealCluster runs each misconfiguration on a database of its own
 // in one cluster (wal_level=logical, max_slot_wal_keep_size set, so a good
 // database has no warning either).
-func TestCheckRealCluster(t *testing.T) {
+func TestIntegrationCheckRealCluster(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{Settings: map[string]string{"max_slot_wal_keep_size": "1GB"}})
 
@@ -508,7 +504,7 @@ func stream(t *testing.T, dsn, slotName string) {
 	}
 }
 
-func TestCheckWALLevelReplica(t *testing.T) {
+func TestIntegrationCheckWALLevelReplica(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{Settings: map[string]string{"wal_level": "replica"}})
 	fs, _ := newFixture(t, pg, amqpURL).check(nil)
@@ -518,7 +514,7 @@ func TestCheckWALLevelReplica(t *testing.T) {
 	has(t, fs, "max_slot_wal_keep_size", preflight.Warn, "unset (-1)")
 }
 
-func TestCheckSynchronousStandbyNamesTheRelay(t *testing.T) {
+func TestIntegrationCheckSynchronousStandbyNamesTheRelay(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{Settings: map[string]string{
 		"synchronous_standby_names": "FIRST 1 (standby1, cdcrelay)",
@@ -529,10 +525,10 @@ func TestCheckSynchronousStandbyNamesTheRelay(t *testing.T) {
 	want(t, fs, [2]string{"synchronous_standby_names", "matches the relay's application_name cdcrelay (by cdcrelay)"})
 }
 
-// TestCheckNeverPrintsSecrets points the checks at failing endpoints with
+// TestIntegrationCheckNeverPrintsSecrets points the checks at failing endpoints with
 // passwords in the URLs: a closed port, a missing database, a broker that
 // refuses the password, an AMQP URL that does not parse.
-func TestCheckNeverPrintsSecrets(t *testing.T) {
+func TestIntegrationCheckNeverPrintsSecrets(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
 	const secret = "Zq9-Very-Secret-Password"

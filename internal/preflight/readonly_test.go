@@ -11,10 +11,10 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// TestReadOnlyWithTargetSessionAttrs: a URL with
+// TestIntegrationReadOnlyWithTargetSessionAttrs: a URL with
 // target_session_attrs=read-write connects (as run's connections do), and
 // the session is still read-only, so check cannot write.
-func TestReadOnlyWithTargetSessionAttrs(t *testing.T) {
+func TestIntegrationReadOnlyWithTargetSessionAttrs(t *testing.T) {
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
 	ctx := context.Background()
 	for _, attrs := range []string{"read-write", "primary", "any"} {

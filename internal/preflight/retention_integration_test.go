@@ -7,10 +7,10 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// TestCheckRetentionIndex: `cdcrelay check` says whether retention and
+// TestIntegrationCheckRetentionIndex: `cdcrelay check` says whether retention and
 // the backlog's age have what they need: the migrated schema passes, a
 // dropped retention index or a table without enqueued_at is a warning.
-func TestCheckRetentionIndex(t *testing.T) {
+func TestIntegrationCheckRetentionIndex(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
 	fs, _ := newFixture(t, pg, amqpURL).check(nil)

@@ -146,11 +146,11 @@ func abortTestFeed(ctx context.Context, in chan<- wal.Event) {
 	}
 }
 
-// TestPublisherFailureAbortsAStuckSocket: amqp091-go gives up on the
+// TestIntegrationPublisherFailureAbortsAStuckSocket: amqp091-go gives up on the
 // connection when heartbeats stop (its heartbeater waits for the send lock
 // the blocked publish holds), which fails the publisher; the publisher must
 // then return without waiting for the broker to read again.
-func TestPublisherFailureAbortsAStuckSocket(t *testing.T) {
+func TestIntegrationPublisherFailureAbortsAStuckSocket(t *testing.T) {
 	nodeURL, exchange := blockedBroker(t)
 	l := stuckLink(t, nodeURL, time.Second)
 	done := startStuckPublisher(t, context.Background(), l, exchange)
@@ -168,12 +168,12 @@ func TestPublisherFailureAbortsAStuckSocket(t *testing.T) {
 	noLinkGoroutines(t)
 }
 
-// TestLinkCloseAbortsAStuckSocket: the pipeline is stopped (its context
+// TestIntegrationLinkCloseAbortsAStuckSocket: the pipeline is stopped (its context
 // ended: the publisher leaves the deadline to its caller) and amqp091-go
 // has already begun shutting the connection down, so its close handshake
 // returns at once without closing anything. Close must still end the
 // connection, which lets the publisher return.
-func TestLinkCloseAbortsAStuckSocket(t *testing.T) {
+func TestIntegrationLinkCloseAbortsAStuckSocket(t *testing.T) {
 	nodeURL, exchange := blockedBroker(t)
 	l := stuckLink(t, nodeURL, time.Second)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -215,12 +215,12 @@ func TestEncodeErrorRemembered(t *testing.T) {
 	}
 }
 
-// TestLibraryEncodingErrors pins what amqp091-go does with each value it
+// TestIntegrationLibraryEncodingErrors pins what amqp091-go does with each value it
 // cannot encode, on a real broker: the error it returns is classified as
 // an encoding error, never as transport, and after a frame error the
 // connection is shut down (so the session must end: the reason for
 // Refusals). Every such message is caught by Unsendable first.
-func TestLibraryEncodingErrors(t *testing.T) {
+func TestIntegrationLibraryEncodingErrors(t *testing.T) {
 	url := testenv.RequireAMQP(t)
 	long := strings.Repeat("z", 300)
 	tests := []struct {

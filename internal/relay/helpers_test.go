@@ -3,10 +3,8 @@ package relay_test
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/url"
-	"os"
 	"os/exec"
 	"sort"
 	"strings"
@@ -16,13 +14,11 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/sethvargo/go-envconfig"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
-	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
-	"github.com/cdcrelay/cdcrelay/migrations"
+	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 )
 
 // env is one test's world: a throwaway cluster with the outbox schema, a
@@ -40,24 +36,9 @@ type env struct {
 
 func newEnv(t *testing.T, pgOpts testenv.PostgresOptions, binding string) *env {
 	t.Helper()
-	amqpURL := testenv.RequireAMQP(t)
-	pg := testenv.MustPostgres(t, pgOpts)
-	ctx := context.Background()
-	if err := pg.CreateDatabase(ctx, "app"); err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, pg: pg, dbURL: pg.URL("app"), amqpURL: amqpURL, exchange: testenv.UniqueName("cdcrelay.test")}
-	e.db = e.connect()
-	if err := migrations.Apply(ctx, e.db); err != nil {
-		t.Fatal(err)
-	}
+	w := relaytest.NewWorld(t, relaytest.Options{PG: pgOpts, Exchange: "cdcrelay.test", Queue: "cdcrelay.q", Binding: binding})
+	e := &env{t: t, pg: w.PG, dbURL: w.DBURL, amqpURL: w.AMQPURL, exchange: w.Exchange, consumer: w.Consumer, db: w.DB}
 	e.relayURL = leastPrivilegeRole(t, e.db, e.dbURL)
-	e.consumer = testenv.MustConsumer(t, amqpURL, e.exchange, testenv.UniqueName("cdcrelay.q"), binding)
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = testenv.DeleteExchange(cctx, amqpURL, e.exchange)
-	})
 	return e
 }
 
@@ -87,42 +68,24 @@ func leastPrivilegeRole(t *testing.T, db *pgx.Conn, superURL string) string {
 
 func (e *env) connect() *pgx.Conn {
 	e.t.Helper()
-	db, err := pgx.Connect(context.Background(), e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { _ = db.Close(context.Background()) })
-	return db
+	return relaytest.Connect(e.t, e.dbURL)
 }
 
-// vars is the relay's environment for this test.
+// vars is the relay's environment for this test: short backoff, debug logs.
 func (e *env) vars(extra map[string]string) map[string]string {
-	v := map[string]string{
-		"DATABASE_URL": e.relayURL, "AMQP_URL": e.amqpURL, "EXCHANGE": e.exchange,
-		"HTTP_ADDR": "127.0.0.1:0", "BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s", "LOG_LEVEL": "debug",
-	}
-	for k, val := range extra {
-		v[k] = val
-	}
-	return v
+	return relaytest.Vars(e.relayURL, e.amqpURL, e.exchange,
+		map[string]string{"BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s", "LOG_LEVEL": "debug"}, extra)
 }
 
 func (e *env) config(extra map[string]string) config.Config {
 	e.t.Helper()
-	m := map[string]string{}
-	for k, v := range e.vars(extra) {
-		m[config.Prefix+k] = v
-	}
-	cfg, err := config.LoadFrom(context.Background(), envconfig.MapLookuper(m))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return cfg
+	return relaytest.Config(e.t, e.vars(extra))
 }
 
-// running is an in-process relay service (relay, janitor, monitor).
+// running is an in-process relay service (relay, janitor, monitor); relay,
+// reg and logs name the kit's fields the way these tests use them.
 type running struct {
-	*testenv.Background
+	*relaytest.InProcess
 	relay *relay.Relay
 	reg   *prometheus.Registry
 	logs  *testenv.Buffer // everything the relay logged
@@ -131,14 +94,8 @@ type running struct {
 // startRelay runs the service in this process until the test ends or stop.
 func (e *env) startRelay(extra map[string]string) *running {
 	e.t.Helper()
-	logs := &testenv.Buffer{}
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{e.t}, logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
-	reg := prometheus.NewRegistry()
-	svc, err := relay.NewService(e.config(extra), log, reg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	run := &running{Background: testenv.Go(svc.Run), relay: svc.Relay, reg: reg, logs: logs}
+	p := relaytest.Start(e.t, e.config(extra), relaytest.InProcessOptions{Service: true, Level: slog.LevelDebug, LogTo: testWriter{e.t}})
+	run := &running{InProcess: p, relay: p.Relay, reg: p.Reg, logs: p.Logs}
 	e.t.Cleanup(func() { _ = run.stop(e.t) })
 	return run
 }
@@ -155,7 +112,7 @@ func (r *running) stop(t *testing.T) error {
 
 func (r *running) waitStreaming(t *testing.T) {
 	t.Helper()
-	r.WaitFor(t, 30*time.Second, "streaming", r.relay.Streaming)
+	r.WaitStreaming(t)
 }
 
 // testWriter sends relay logs to the test log, shown on failure or -v.
@@ -189,23 +146,12 @@ func insert(ctx context.Context, db *pgx.Conn, key string, sizes ...int) ([]row,
 	var last pglogrepl.LSN
 	for _, n := range sizes {
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			r, err := tx.Query(ctx, `
-				INSERT INTO event_outbox (routing_key, payload)
-				SELECT $1, jsonb_build_object('n', g, 'tx', txid_current(), 'event_type', 'TestEvent')
-				FROM generate_series(1, $2) g
-				RETURNING id::text, routing_key, payload::text`, key, n)
+			inserted, err := relaytest.Insert(ctx, tx, key, n)
 			if err != nil {
 				return err
 			}
-			for r.Next() {
-				var rw row
-				if err := r.Scan(&rw.id, &rw.key, &rw.payload); err != nil {
-					return err
-				}
-				rows = append(rows, rw)
-			}
-			if err := r.Err(); err != nil {
-				return err
+			for _, r := range inserted {
+				rows = append(rows, row{r.ID, r.Key, r.Payload})
 			}
 			return tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()`).Scan(&last)
 		})
@@ -234,11 +180,7 @@ func reportOrder(t *testing.T, rows []row, got []testenv.Delivery, orderKey func
 		want[r.id] = r
 	}
 	seen := make(map[string]bool, len(got))
-	type pos struct {
-		lsn   pglogrepl.LSN
-		index int64
-	}
-	prevs := map[string]pos{}
+	prevs := map[string]relaytest.Position{}
 	for i, d := range got {
 		r, ok := want[d.MessageID]
 		if !ok {
@@ -255,19 +197,13 @@ func reportOrder(t *testing.T, rows []row, got []testenv.Delivery, orderKey func
 			continue
 		}
 		seen[d.MessageID] = true
-		lsnText, _ := d.Headers[publish.HeaderCommitLSN].(string)
-		lsn, err := pglogrepl.ParseLSN(lsnText)
+		p, err := relaytest.PositionOf(d)
 		if err != nil {
-			t.Fatalf("delivery %d: commit lsn header %v: %v", i, d.Headers[publish.HeaderCommitLSN], err)
+			t.Fatalf("delivery %d: %v", i, err)
 		}
-		index, ok := d.Headers[publish.HeaderTxIndex].(int64)
-		if !ok {
-			t.Fatalf("delivery %d: index header %#v", i, d.Headers[publish.HeaderTxIndex])
-		}
-		p := pos{lsn, index}
 		group := orderKey(d)
-		if prev, ok := prevs[group]; ok && (p.lsn < prev.lsn || (p.lsn == prev.lsn && p.index <= prev.index)) {
-			t.Fatalf("delivery %d out of commit order: %s/%d after %s/%d", i, p.lsn, p.index, prev.lsn, prev.index)
+		if prev, ok := prevs[group]; ok && !p.After(prev) {
+			t.Fatalf("delivery %d out of commit order: %s/%d after %s/%d", i, p.LSN, p.Index, prev.LSN, prev.Index)
 		}
 		prevs[group] = p
 	}
@@ -278,7 +214,6 @@ func reportOrder(t *testing.T, rows []row, got []testenv.Delivery, orderKey func
 		}
 	}
 	if len(missing) > 0 {
-
 		sort.Strings(missing)
 		t.Fatalf("%d of %d events missing, e.g. %v", len(missing), len(rows), missing[:min(5, len(missing))])
 	}
@@ -297,11 +232,7 @@ func relayBinary(t *testing.T) string {
 // startProcess runs the relay binary with this test's environment.
 func (e *env) startProcess(extra map[string]string) *testenv.Process {
 	e.t.Helper()
-	env := os.Environ()
-	for k, v := range e.vars(extra) {
-		env = append(env, config.Prefix+k+"="+v)
-	}
-	return testenv.StartProcess(e.t, relayBinary(e.t), env, "run")
+	return testenv.StartProcess(e.t, relayBinary(e.t), relaytest.Environ(e.vars(extra)), "run")
 }
 
 func isExit(err error, code int) bool {
@@ -328,28 +259,7 @@ func waitAll(t *testing.T, c *testenv.Consumer, rows []row, within time.Duration
 // timeout it calls onTimeout, if not nil, to explain, then fails.
 func waitDeliveredIDs(t *testing.T, c *testenv.Consumer, ids []string, within time.Duration, onTimeout func()) {
 	t.Helper()
-	want := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
-	}
-	seen := make(map[string]bool, len(ids))
-	next := 0
-	deadline := time.Now().Add(within)
-	for len(seen) < len(want) {
-		for _, d := range c.DeliveriesFrom(next) {
-			next++
-			if want[d.MessageID] {
-				seen[d.MessageID] = true
-			}
-		}
-		if time.Now().After(deadline) {
-			if onTimeout != nil {
-				onTimeout()
-			}
-			t.Fatalf("%d of %d distinct events after %s", len(seen), len(want), within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	relaytest.WaitDelivered(t, c, ids, within, onTimeout)
 }
 
 // streamingRelay starts a relay with vars on a fresh database and waits until
@@ -380,6 +290,12 @@ func insertDelivered(t *testing.T, e *env, sizes ...int) ([]row, pglogrepl.LSN) 
 	rows, last := insertTxns(t, e.db, "k", sizes...)
 	waitAll(t, e.consumer, rows, 30*time.Second)
 	return rows, last
+}
+
+// marksCommitLSN is the commit LSN header of the first delivery of id.
+func marksCommitLSN(t *testing.T, e *env, id string) pglogrepl.LSN {
+	t.Helper()
+	return relaytest.CommitLSN(t, e.consumer, id)
 }
 
 // restartPostgres starts the stopped server again and reconnects the

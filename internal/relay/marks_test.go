@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
@@ -54,23 +53,6 @@ func marksDeliveredUnmarked(t *testing.T, e *env) int {
 		t.Fatal(err)
 	}
 	return n
-}
-
-// marksCommitLSN is the commit LSN header of the first delivery of id.
-func marksCommitLSN(t *testing.T, e *env, id string) pglogrepl.LSN {
-	t.Helper()
-	for _, d := range e.consumer.Deliveries() {
-		if d.MessageID == id {
-			s, _ := d.Headers[publish.HeaderCommitLSN].(string)
-			lsn, err := pglogrepl.ParseLSN(s)
-			if err != nil {
-				t.Fatalf("commit LSN header %q: %v", s, err)
-			}
-			return lsn
-		}
-	}
-	t.Fatalf("event %s not delivered", id)
-	return 0
 }
 
 // TestIntegrationMarksSurviveSIGKILL kills the relay process (SIGKILL) at

@@ -5,7 +5,7 @@ package retention
 // The 1,000,000-row retention measurement in docs/performance.md. It takes
 // a few minutes, so it is kept out of `make test`:
 //
-//	go test -tags retentionbench -run TestRetentionMillion -v -timeout 60m ./internal/retention/
+//	go test -tags retentionbench -run TestIntegrationRetentionMillion -v -timeout 60m ./internal/retention/
 //
 // -retention.rows sets the row count.
 
@@ -26,14 +26,14 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-var benchRows = flag.Int("retention.rows", 1000000, "expired rows TestRetentionMillion deletes")
+var benchRows = flag.Int("retention.rows", 1000000, "expired rows TestIntegrationRetentionMillion deletes")
 
 // oldRetentionSQL is the statement the janitor ran before retention had a
 // stage and an index of its own, measured here for comparison.
 const oldRetentionSQL = `DELETE FROM public.event_outbox WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM public.event_outbox WHERE published_at < now() - $1::interval LIMIT $2))`
 
-func TestRetentionMillion(t *testing.T) {
+func TestIntegrationRetentionMillion(t *testing.T) {
 	url, db := newDB(t)
 	ctx := context.Background()
 	const batch = 5000 // CDCRELAY_RETENTION_BATCH's default

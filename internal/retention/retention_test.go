@@ -10,12 +10,12 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// TestRetentionDeletesOnlyExpiredPublished: a pass deletes every row
+// TestIntegrationRetentionDeletesOnlyExpiredPublished: a pass deletes every row
 // published longer ago than the retention and nothing else (unpublished,
 // parked, recently published, or enqueued long ago but published
 // recently), with the index, without it, and on a table without
 // enqueued_at; each degradation is logged once.
-func TestRetentionDeletesOnlyExpiredPublished(t *testing.T) {
+func TestIntegrationRetentionDeletesOnlyExpiredPublished(t *testing.T) {
 	url, db := newDB(t)
 	for _, c := range []struct {
 		name, setup, warning string
@@ -60,13 +60,13 @@ func TestRetentionDeletesOnlyExpiredPublished(t *testing.T) {
 	}
 }
 
-// TestRetentionBatchesFlat: the buffers each batch reads stay flat from
+// TestIntegrationRetentionBatchesFlat: the buffers each batch reads stay flat from
 // the first batch to the last (the old statement re-scanned the heap from
 // its start: 81 buffers for the first batch, 1,763 for the 37th on 200k
 // rows), along the index, and along block ranges without it. 50,000 rows;
-// the 1,000,000-row figures come from TestRetentionMillion (tag
+// the 1,000,000-row figures come from TestIntegrationRetentionMillion (tag
 // retentionbench, docs/performance.md).
-func TestRetentionBatchesFlat(t *testing.T) {
+func TestIntegrationRetentionBatchesFlat(t *testing.T) {
 	url, db := newDB(t)
 	for _, c := range []struct {
 		name   string
@@ -90,10 +90,10 @@ func TestRetentionBatchesFlat(t *testing.T) {
 	}
 }
 
-// TestRetentionRunsOnlyWhileActive: nothing runs while the relay is not
+// TestIntegrationRetentionRunsOnlyWhileActive: nothing runs while the relay is not
 // active, the first pass comes FirstDelay after it becomes active, and a
 // pass stops between batches once it is no longer active.
-func TestRetentionRunsOnlyWhileActive(t *testing.T) {
+func TestIntegrationRetentionRunsOnlyWhileActive(t *testing.T) {
 	url, db := newDB(t)
 	before := fill(t, db, 20000)
 	var active atomic.Bool

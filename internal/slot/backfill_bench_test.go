@@ -14,14 +14,14 @@ import (
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
 
-// BenchmarkBackfill reads a whole backlog through Backfill from a real
+// BenchmarkIntegrationBackfill reads a whole backlog through Backfill from a real
 // snapshot, events drained as fast as they come (no broker): one
 // iteration is one backfill. It reports rows/s and the peak heap in use
 // while it ran (sampled every 2 ms).
 //
 //   - 100k small rows: the common adoption, ~100 byte jsonb payloads.
 //   - 300 rows of 1 MiB: large rows, where a FETCH of 500 would hold them all.
-func BenchmarkBackfill(b *testing.B) {
+func BenchmarkIntegrationBackfill(b *testing.B) {
 	pg := testenv.MustPostgres(b, testenv.PostgresOptions{})
 	for _, bc := range []struct {
 		name, db   string

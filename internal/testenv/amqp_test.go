@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-func TestCheckAMQP(t *testing.T) {
+func TestIntegrationCheckAMQP(t *testing.T) {
 	t.Parallel()
 	url := RequireAMQP(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -34,7 +34,7 @@ func TestCheckAMQP(t *testing.T) {
 	}
 }
 
-func TestConsumerReceives(t *testing.T) {
+func TestIntegrationConsumerReceives(t *testing.T) {
 	t.Parallel()
 	url := RequireAMQP(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -91,7 +91,7 @@ func TestConsumerReceives(t *testing.T) {
 
 // The consumer must come back by itself when its connection dies (as when
 // the broker restarts); the durable queue keeps what arrives meanwhile.
-func TestConsumerReconnects(t *testing.T) {
+func TestIntegrationConsumerReconnects(t *testing.T) {
 	t.Parallel()
 	url := RequireAMQP(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

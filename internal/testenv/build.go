@@ -23,6 +23,7 @@ type Builds struct {
 // and with the given build tags, building it on first use.
 func (b *Builds) Relay(tb testing.TB, race bool, tags string) string {
 	tb.Helper()
+	RequireIntegration(tb, "the relay binary")
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	key := fmt.Sprintf("race=%v tags=%s", race, tags)

@@ -174,7 +174,7 @@ func (p *Postgres) Start(ctx context.Context) error {
 
 func (p *Postgres) start(ctx context.Context) error {
 	if _, err := p.pgctl(ctx, "start", "-l", p.logPath()); err != nil {
-		return fmt.Errorf("on port %d: %w\nserver log tail:\n%s", p.port, err, tail(p.ServerLog(), 20))
+		return fmt.Errorf("on port %d: %w\nserver log tail:\n%s", p.port, err, Tail(p.ServerLog(), 20))
 	}
 	return nil
 }
@@ -321,7 +321,7 @@ func (p *Postgres) run(ctx context.Context, what, name string, args ...string) (
 	// output redirected to server.log, so Wait does not block on it.
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s: %w\noutput:\n%s", what, err, tail(out.String(), 20))
+		return out.String(), fmt.Errorf("%s: %w\noutput:\n%s", what, err, Tail(out.String(), 20))
 	}
 	return out.String(), nil
 }
@@ -451,8 +451,9 @@ func isPortClash(serverLog string) bool {
 		strings.Contains(serverLog, "could not bind IPv4 address")
 }
 
-// tail returns the last n lines of s.
-func tail(s string, n int) string {
+// Tail returns the last n lines of s: the part of a long log worth
+// showing when a test fails.
+func Tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-func TestPostgresLifecycle(t *testing.T) {
+func TestIntegrationPostgresLifecycle(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -100,7 +100,7 @@ func TestPostgresLifecycle(t *testing.T) {
 	}
 }
 
-func TestStartPostgresReportsServerLog(t *testing.T) {
+func TestIntegrationStartPostgresReportsServerLog(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -32,7 +32,7 @@ func StartProcess(tb testing.TB, path string, env []string, args ...string) *Pro
 		err := <-p.done
 		p.done <- err
 		if tb.Failed() {
-			tb.Logf("%s log (last 60 lines):\n%s", path, tail(p.Log.String(), 60))
+			tb.Logf("%s log (last 60 lines):\n%s", path, Tail(p.Log.String(), 60))
 		}
 	})
 	return p

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -43,7 +44,15 @@ type Proxy struct {
 	blackhole bool
 	closed    bool
 	links     map[*proxyLink]struct{}
+
+	// rate limits client->target bytes per second (0: unlimited).
+	rate atomic.Int64
 }
+
+// rateChunk is the largest write while a rate is set: the proxy sleeps
+// after each chunk for the time the rate allots it, so traffic trickles
+// instead of arriving in 32 KiB bursts.
+const rateChunk = 4096
 
 // proxyLink is one client connection and its connection to the target.
 type proxyLink struct {
@@ -66,6 +75,12 @@ func NewProxy(target string) (*Proxy, error) {
 	go p.acceptLoop()
 	return p, nil
 }
+
+// SetRate limits client->target traffic, on current and future
+// connections, to bytesPerSecond (0: unlimited), to make a server slow to
+// take what it is sent: a broker slow to take publishes is slow to confirm
+// them.
+func (p *Proxy) SetRate(bytesPerSecond int64) { p.rate.Store(bytesPerSecond) }
 
 // Addr is the "127.0.0.1:PORT" clients should connect to.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
@@ -244,7 +259,13 @@ func (p *Proxy) waitForPath(l *proxyLink) bool {
 func (p *Proxy) pump(l *proxyLink, dir direction, src, dst net.Conn) {
 	buf := make([]byte, 32*1024)
 	for {
-		n, rerr := src.Read(buf)
+		// While a rate is set, read no more than is written before the
+		// next pause, so the proxy holds no extra backlog of its own.
+		chunk := buf
+		if dir == upstream && p.rate.Load() > 0 {
+			chunk = buf[:rateChunk]
+		}
+		n, rerr := src.Read(chunk)
 		if n > 0 {
 			if dir == upstream {
 				p.noteFirst(l, buf[:n])
@@ -252,7 +273,7 @@ func (p *Proxy) pump(l *proxyLink, dir direction, src, dst net.Conn) {
 			if !p.waitGate(l, dir) {
 				return
 			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			if werr := p.write(dir, dst, buf[:n]); werr != nil {
 				p.cut(l)
 				return
 			}
@@ -272,6 +293,25 @@ func (p *Proxy) pump(l *proxyLink, dir direction, src, dst net.Conn) {
 		p.cut(l)
 		return
 	}
+}
+
+// write sends chunk to dst; upstream, while a rate is set, in pieces of
+// rateChunk with a pause after each.
+func (p *Proxy) write(dir direction, dst net.Conn, chunk []byte) error {
+	for len(chunk) > 0 {
+		r := p.rate.Load()
+		if dir != upstream || r <= 0 {
+			_, err := dst.Write(chunk)
+			return err
+		}
+		n := min(len(chunk), rateChunk)
+		if _, err := dst.Write(chunk[:n]); err != nil {
+			return err
+		}
+		time.Sleep(time.Duration(int64(n) * int64(time.Second) / r))
+		chunk = chunk[n:]
+	}
+	return nil
 }
 
 // waitGate blocks while dir is held or black-holed; false means the link was

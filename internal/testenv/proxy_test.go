@@ -134,6 +134,29 @@ func TestProxyClose(t *testing.T) {
 	}
 }
 
+// TestProxySetRate: with a rate set, client->target bytes trickle through
+// in order, no faster than the rate (a lower bound, so a busy machine cannot
+// fail it); SetRate(0) lifts the limit.
+func TestProxySetRate(t *testing.T) {
+	t.Parallel()
+	p := MustProxy(t, echoServer(t))
+	c := dial(t, p.Addr())
+	roundTrip(t, c, "warm")
+	const rate = 40 << 10
+	p.SetRate(rate)
+	msg := strings.Repeat("0123456789abcdef", (20<<10)/16) // 20 KiB: 5 chunks
+	began := time.Now()
+	write(t, c, msg)
+	expect(t, c, msg)
+	// Each of the first four chunks is followed by a 100ms pause before
+	// the next is sent.
+	if took, least := time.Since(began), 4*rateChunk*time.Second/rate; took < least {
+		t.Errorf("20 KiB through a %d B/s proxy took %s, less than %s", rate, took, least)
+	}
+	p.SetRate(0)
+	roundTrip(t, c, "free")
+}
+
 // echoServer returns the address of a TCP server that echoes everything.
 func echoServer(t *testing.T) string {
 	t.Helper()

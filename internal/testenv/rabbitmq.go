@@ -229,7 +229,7 @@ func (r *RabbitMQ) startLocked(ctx context.Context) error {
 	r.proc, r.exited = cmd, exited
 	if err := r.waitReady(ctx); err != nil {
 		r.killLocked()
-		return fmt.Errorf("node %s on port %d: %w\nlog tail:\n%s", r.node, r.port, err, tail(r.ServerLog(), 20))
+		return fmt.Errorf("node %s on port %d: %w\nlog tail:\n%s", r.node, r.port, err, Tail(r.ServerLog(), 20))
 	}
 	return nil
 }
@@ -391,7 +391,7 @@ func (r *RabbitMQ) ctl(ctx context.Context, args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("rabbitmqctl %s: %w\noutput:\n%s", strings.Join(args, " "), err, tail(out.String(), 20))
+		return out.String(), fmt.Errorf("rabbitmqctl %s: %w\noutput:\n%s", strings.Join(args, " "), err, Tail(out.String(), 20))
 	}
 	return out.String(), nil
 }
@@ -422,6 +422,7 @@ func (r *RabbitMQ) Close() error {
 // the tail of the node's log is logged first.
 func MustRabbitMQ(tb testing.TB, opts RabbitMQOptions) *RabbitMQ {
 	tb.Helper()
+	RequireIntegration(tb, "a private RabbitMQ node")
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	r, err := StartRabbitMQ(ctx, opts)
@@ -430,7 +431,7 @@ func MustRabbitMQ(tb testing.TB, opts RabbitMQOptions) *RabbitMQ {
 	}
 	tb.Cleanup(func() {
 		if tb.Failed() {
-			tb.Logf("rabbitmq log (last 40 lines, %s):\n%s", r.Dir(), tail(r.ServerLog(), 40))
+			tb.Logf("rabbitmq log (last 40 lines, %s):\n%s", r.Dir(), Tail(r.ServerLog(), 40))
 		}
 		if err := r.Close(); err != nil {
 			tb.Errorf("close rabbitmq: %v", err)

@@ -9,11 +9,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// TestRabbitMQPrivateNode starts a private node, checks that a durable queue
+// TestIntegrationRabbitMQPrivateNode starts a private node, checks that a durable queue
 // and a persistent message survive a real stop and start, that the memory
 // watermark blocks and unblocks publishers, and that Close leaves nothing
 // behind. The machine's shared broker is not touched.
-func TestRabbitMQPrivateNode(t *testing.T) {
+func TestIntegrationRabbitMQPrivateNode(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -107,8 +107,8 @@ func TestRabbitMQPrivateNode(t *testing.T) {
 	}
 }
 
-// TestRabbitMQKill: a crashed node can be started again.
-func TestRabbitMQKill(t *testing.T) {
+// TestIntegrationRabbitMQKill: a crashed node can be started again.
+func TestIntegrationRabbitMQKill(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -18,6 +18,7 @@ const setupTimeout = 60 * time.Second
 // since that is usually where the reason is.
 func MustPostgres(tb testing.TB, opts PostgresOptions) *Postgres {
 	tb.Helper()
+	RequireIntegration(tb, "PostgreSQL")
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	p, err := StartPostgres(ctx, opts)
@@ -26,7 +27,7 @@ func MustPostgres(tb testing.TB, opts PostgresOptions) *Postgres {
 	}
 	tb.Cleanup(func() {
 		if tb.Failed() {
-			tb.Logf("postgres server log (last 50 lines, %s):\n%s", p.DataDir(), tail(p.ServerLog(), 50))
+			tb.Logf("postgres server log (last 50 lines, %s):\n%s", p.DataDir(), Tail(p.ServerLog(), 50))
 		}
 		if err := p.Close(); err != nil {
 			tb.Errorf("close postgres: %v", err)
@@ -40,6 +41,7 @@ func MustPostgres(tb testing.TB, opts PostgresOptions) *Postgres {
 // RabbitMQ cannot pass by testing nothing.
 func RequireAMQP(tb testing.TB) string {
 	tb.Helper()
+	RequireIntegration(tb, "RabbitMQ")
 	url := AMQPURL()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -53,6 +55,7 @@ func RequireAMQP(tb testing.TB) string {
 // the test; the connection closes when the test ends.
 func MustChannel(tb testing.TB, url string) (*amqp.Connection, *amqp.Channel) {
 	tb.Helper()
+	RequireIntegration(tb, "RabbitMQ")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	conn, err := DialAMQP(ctx, url)
@@ -71,6 +74,7 @@ func MustChannel(tb testing.TB, url string) (*amqp.Connection, *amqp.Channel) {
 // queue) when the test ends.
 func MustConsumer(tb testing.TB, url, exchange, queue, bindingKey string) *Consumer {
 	tb.Helper()
+	RequireIntegration(tb, "RabbitMQ")
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	c, err := NewConsumer(ctx, url, exchange, queue, bindingKey)
