@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
 const (
@@ -93,7 +93,7 @@ func (b *bench) phases(ctx context.Context) error {
 	err := b.runPhases(ctx)
 	if err != nil && b.relay != nil {
 		if log := strings.TrimSpace(b.relay.log.String()); log != "" {
-			err = fmt.Errorf("%w\nrelay log (last lines):\n%s", err, tail(log, 20))
+			err = fmt.Errorf("%w\nrelay log (last lines):\n%s", err, toolkit.Tail(log, 20))
 		}
 	}
 	return err
@@ -102,11 +102,11 @@ func (b *bench) phases(ctx context.Context) error {
 func (b *bench) runPhases(ctx context.Context) error {
 	var err error
 	r := b.res
-	say("broker ceiling, run 1: %s persistent messages, confirms, one channel, %d in flight", thousands(b.opts.backlog), b.opts.inflight)
+	say("broker ceiling, run 1: %s persistent messages, confirms, one channel, %d in flight", toolkit.Thousands(b.opts.backlog), b.opts.inflight)
 	if r.ceilings[0], err = b.ceiling(ctx); err != nil {
 		return fmt.Errorf("broker ceiling: %w", err)
 	}
-	say("  %s msg/s", thousands(int(r.ceilings[0].rate())))
+	say("  %s msg/s", toolkit.Thousands(int(r.ceilings[0].rate())))
 	if err := b.createSlot(ctx); err != nil {
 		return err
 	}
@@ -122,7 +122,7 @@ func (b *bench) runPhases(ctx context.Context) error {
 	if r.ceilings[1], err = b.ceiling(ctx); err != nil {
 		return fmt.Errorf("broker ceiling: %w", err)
 	}
-	say("  %s msg/s", thousands(int(r.ceilings[1].rate())))
+	say("  %s msg/s", toolkit.Thousands(int(r.ceilings[1].rate())))
 	say("relay idle for %s: counting its statements on the primary", b.opts.idleFor)
 	if r.idleRelay, err = b.idle(ctx, relayRole); err != nil {
 		return err
@@ -130,16 +130,16 @@ func (b *bench) runPhases(ctx context.Context) error {
 	r.lat = make([]latencyResult, len(b.opts.phases))
 	r.ref = make([]latencyResult, len(b.opts.phases))
 	for i, ph := range b.opts.phases {
-		say("latency at %s ev/s (%d per transaction) for %s: relay", thousands(ph.rate), ph.perTx, b.opts.latencyFor)
+		say("latency at %s ev/s (%d per transaction) for %s: relay", toolkit.Thousands(ph.rate), ph.perTx, b.opts.latencyFor)
 		if r.lat[i], err = b.relayLatency(ctx, ph); err != nil {
 			return fmt.Errorf("latency at %d ev/s: %w", ph.rate, err)
 		}
-		say("  p50 %s p99 %s max %s (inserted at %.0f ev/s)", ms(r.lat[i].p50), ms(r.lat[i].p99), ms(r.lat[i].max), r.lat[i].achieved)
-		say("latency at %s ev/s: broker alone (publish → consumer)", thousands(ph.rate))
+		say("  p50 %s p99 %s max %s (inserted at %.0f ev/s)", toolkit.Ms(r.lat[i].p50), toolkit.Ms(r.lat[i].p99), toolkit.Ms(r.lat[i].max), r.lat[i].achieved)
+		say("latency at %s ev/s: broker alone (publish → consumer)", toolkit.Thousands(ph.rate))
 		if r.ref[i], err = b.brokerLatency(ctx, ph); err != nil {
 			return fmt.Errorf("broker latency at %d ev/s: %w", ph.rate, err)
 		}
-		say("  p50 %s p99 %s max %s", ms(r.ref[i].p50), ms(r.ref[i].p99), ms(r.ref[i].max))
+		say("  p50 %s p99 %s max %s", toolkit.Ms(r.ref[i].p50), toolkit.Ms(r.ref[i].p99), toolkit.Ms(r.ref[i].max))
 	}
 	if err := b.bigTransaction(ctx); err != nil {
 		return fmt.Errorf("large transaction: %w", err)
@@ -175,7 +175,7 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.superURL = pg.URL(benchDatabase)
-	if err := runOnce(ctx, b.opts.relay, relayEnv(map[string]string{"DATABASE_URL": b.superURL, "LOG_LEVEL": "warn"}), "migrate"); err != nil {
+	if err := runOnce(ctx, b.opts.relay, toolkit.Env(map[string]string{"DATABASE_URL": b.superURL, "LOG_LEVEL": "warn"}), "migrate"); err != nil {
 		return err
 	}
 	if b.db, err = pgx.Connect(ctx, b.superURL); err != nil {
@@ -453,7 +453,7 @@ func (b *bench) createSlot(ctx context.Context) error {
 // launch starts the relay with vars (its CDCRELAY_* settings, normally
 // b.relayVars) and keeps it for its log; it does not wait.
 func (b *bench) launch(vars map[string]string) (*relayProc, error) {
-	rp, err := startRelay(b.opts.relay, relayEnv(vars))
+	rp, err := startRelay(b.opts.relay, toolkit.Env(vars))
 	if err != nil {
 		return nil, err
 	}
@@ -468,7 +468,7 @@ func (b *bench) startRelay(ctx context.Context, vars map[string]string) (*relayP
 	if err != nil {
 		return nil, err
 	}
-	if err := b.waitSlot(ctx, true, rp.exited); err != nil {
+	if err := b.waitSlot(ctx, true, rp.Exited()); err != nil {
 		_ = rp.stop(ctx)
 		return nil, errors.Join(err, rp.exitError())
 	}
@@ -625,7 +625,7 @@ func (b *bench) describeUnmarked() string {
 // The relay keeps running afterwards, for the idle and latency phases.
 func (b *bench) drainBacklog(ctx context.Context) error {
 	n := b.opts.backlog
-	say("inserting a backlog of %s events (transactions of %d) with the relay stopped", thousands(n), backlogChunk)
+	say("inserting a backlog of %s events (transactions of %d) with the relay stopped", toolkit.Thousands(n), backlogChunk)
 	want, err := b.insertBacklog(ctx, n, nil)
 	if err != nil {
 		return err
@@ -636,10 +636,10 @@ func (b *bench) drainBacklog(ctx context.Context) error {
 		return err
 	}
 	r.markedAfter = marked
-	if r.rssBacklog, err = peakRSS(rp.pid()); err != nil {
+	if r.rssBacklog, err = peakRSS(rp.Pid()); err != nil {
 		return err
 	}
-	say("  %s ev/s (first delivery %s after start), peak RSS %s", thousands(int(r.drain.rate())), ms(r.drain.firstAfter), mib(r.rssBacklog))
+	say("  %s ev/s (first delivery %s after start), peak RSS %s", toolkit.Thousands(int(r.drain.rate())), toolkit.Ms(r.drain.firstAfter), mib(r.rssBacklog))
 	return nil
 }
 
@@ -665,10 +665,10 @@ func (b *bench) timeDrain(ctx context.Context, what string, vars map[string]stri
 	}
 	b.defer_("stop relay", func(ctx context.Context) error { return rp.stop(ctx) })
 	b.relay = rp
-	before.relayPID = rp.pid()
+	before.relayPID = rp.Pid()
 	wctx, cancel := context.WithTimeout(ctx, deliveryTimeout(len(want)))
 	defer cancel()
-	a, err := b.cons.waitIDs(wctx, want, rp.exited)
+	a, err := b.cons.waitIDs(wctx, want, rp.Exited())
 	if err != nil {
 		return nil, 0, errors.Join(err, rp.exitError())
 	}
@@ -676,11 +676,11 @@ func (b *bench) timeDrain(ctx context.Context, what string, vars map[string]stri
 		return nil, 0, err
 	}
 	marked := time.Now()
-	after, err := b.sample(rp.pid())
+	after, err := b.sample(rp.Pid())
 	if err != nil {
 		return nil, 0, err
 	}
-	*res = rateResult{events: len(want), took: a.last.Sub(rp.started), firstAfter: a.first.Sub(rp.started), use: before.until(after), duplicates: a.duplicates}
+	*res = rateResult{events: len(want), took: a.last.Sub(rp.Started()), firstAfter: a.first.Sub(rp.Started()), use: before.until(after), duplicates: a.duplicates}
 	b.cons.reset()
 	return rp, marked.Sub(a.last), nil
 }
@@ -699,7 +699,7 @@ func (b *bench) partitionedDrain(ctx context.Context) error {
 		return err
 	}
 	for i, channels := range []int{1, b.opts.channels} {
-		say("inserting a backlog of %s events over %d keys (transactions of %d) with the relay stopped", thousands(n), len(b.partKeys), backlogChunk)
+		say("inserting a backlog of %s events over %d keys (transactions of %d) with the relay stopped", toolkit.Thousands(n), len(b.partKeys), backlogChunk)
 		want, err := b.insertBacklog(ctx, n, b.partKeys)
 		if err != nil {
 			return err
@@ -711,7 +711,7 @@ func (b *bench) partitionedDrain(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		say("  %s ev/s (first delivery %s after start)", thousands(int(r.part[i].rate())), ms(r.part[i].firstAfter))
+		say("  %s ev/s (first delivery %s after start)", toolkit.Thousands(int(r.part[i].rate())), toolkit.Ms(r.part[i].firstAfter))
 		if err := b.stopRelay(ctx, rp); err != nil {
 			return err
 		}
@@ -721,7 +721,7 @@ func (b *bench) partitionedDrain(ctx context.Context) error {
 	if r.partCeiling, err = b.ceilingOver(ctx, b.partLanes); err != nil {
 		return fmt.Errorf("broker ceiling, %d publishers: %w", b.opts.channels, err)
 	}
-	say("  %s msg/s", thousands(int(r.partCeiling.rate())))
+	say("  %s msg/s", toolkit.Thousands(int(r.partCeiling.rate())))
 	say("restarting the relay with the usual settings")
 	rp, err := b.startRelay(ctx, b.relayVars)
 	if err != nil {
@@ -812,7 +812,7 @@ func (b *bench) relayLatency(ctx context.Context, ph latencyPhase) (latencyResul
 	if err := b.prepare(ctx); err != nil {
 		return latencyResult{}, err
 	}
-	before, err := b.sample(b.relay.pid())
+	before, err := b.sample(b.relay.Pid())
 	if err != nil {
 		return latencyResult{}, err
 	}
@@ -825,11 +825,11 @@ func (b *bench) relayLatency(ctx context.Context, ph latencyPhase) (latencyResul
 	if err != nil {
 		return latencyResult{}, err
 	}
-	after, err := b.sample(b.relay.pid())
+	after, err := b.sample(b.relay.Pid())
 	if err != nil {
 		return latencyResult{}, err
 	}
-	return b.collect(ctx, ph, committed, ticks, took, before.until(after), b.relay.exited)
+	return b.collect(ctx, ph, committed, ticks, took, before.until(after), b.relay.Exited())
 }
 
 // brokerLatency is the reference: the same rate and batch shape published
@@ -847,7 +847,7 @@ func (b *bench) brokerLatency(ctx context.Context, ph latencyPhase) (latencyResu
 	sent := make(map[string]time.Time, b.opts.latencyFor.Milliseconds()*int64(ph.rate)/1000)
 	run := b.runID ^ uint32(ph.rate)
 	n := 0
-	before, err := b.sample(b.relay.pid())
+	before, err := b.sample(b.relay.Pid())
 	if err != nil {
 		return latencyResult{}, err
 	}
@@ -865,7 +865,7 @@ func (b *bench) brokerLatency(ctx context.Context, ph latencyPhase) (latencyResu
 	if err := errors.Join(err, pub.finish()); err != nil {
 		return latencyResult{}, err
 	}
-	after, err := b.sample(b.relay.pid())
+	after, err := b.sample(b.relay.Pid())
 	if err != nil {
 		return latencyResult{}, err
 	}
@@ -907,7 +907,7 @@ func (b *bench) bigTransaction(ctx context.Context) error {
 	if err := b.waitMarked(ctx); err != nil {
 		return err
 	}
-	say("restarting the relay for one transaction of %s events", thousands(n))
+	say("restarting the relay for one transaction of %s events", toolkit.Thousands(n))
 	if err := b.stopRelay(ctx, b.relay); err != nil {
 		return err
 	}
@@ -926,7 +926,7 @@ func (b *bench) bigTransaction(ctx context.Context) error {
 	}
 	// The window is the timed one: from COMMIT on, when the walsender
 	// replays the transaction to the relay.
-	before, err := b.sample(rp.pid())
+	before, err := b.sample(rp.Pid())
 	if err != nil {
 		return err
 	}
@@ -936,21 +936,21 @@ func (b *bench) bigTransaction(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, deliveryTimeout(n))
 	defer cancel()
-	a, err := b.cons.waitIDs(wctx, want, rp.exited)
+	a, err := b.cons.waitIDs(wctx, want, rp.Exited())
 	if err != nil {
 		return errors.Join(err, rp.exitError())
 	}
-	after, err := b.sample(rp.pid())
+	after, err := b.sample(rp.Pid())
 	if err != nil {
 		return err
 	}
 	r := b.res
 	r.bigTx = rateResult{events: n, took: a.last.Sub(committed), firstAfter: a.first.Sub(committed), use: before.until(after), duplicates: a.duplicates}
-	if r.rssBigTx, err = peakRSS(rp.pid()); err != nil {
+	if r.rssBigTx, err = peakRSS(rp.Pid()); err != nil {
 		return err
 	}
 	b.cons.reset()
-	say("  %s ev/s after COMMIT (first delivery %s after it), peak RSS %s", thousands(int(r.bigTx.rate())), ms(r.bigTx.firstAfter), mib(r.rssBigTx))
+	say("  %s ev/s after COMMIT (first delivery %s after it), peak RSS %s", toolkit.Thousands(int(r.bigTx.rate())), toolkit.Ms(r.bigTx.firstAfter), mib(r.rssBigTx))
 	// Every row must be marked before the drainer runs, or it would
 	// publish the relay's events again.
 	if err := b.waitMarked(ctx); err != nil {
@@ -965,7 +965,7 @@ func (b *bench) bigTransaction(ctx context.Context) error {
 // confirms. It drains its own backlog, then idles.
 func (b *bench) pollingDrainer(ctx context.Context) error {
 	m := b.opts.drainerBacklog
-	say("polling drainer (%s tick, LIMIT %d, SKIP LOCKED): backlog of %s events", drainerTick, drainerBatch, thousands(m))
+	say("polling drainer (%s tick, LIMIT %d, SKIP LOCKED): backlog of %s events", drainerTick, drainerBatch, toolkit.Thousands(m))
 	want, err := b.insertBacklog(ctx, m, nil)
 	if err != nil {
 		return err
@@ -1011,7 +1011,7 @@ func (b *bench) pollingDrainer(ctx context.Context) error {
 	}
 	r := b.res
 	r.drainer = rateResult{events: m, took: a.last.Sub(before.at), firstAfter: a.first.Sub(before.at), use: before.until(after), duplicates: a.duplicates}
-	say("  %s ev/s", thousands(int(r.drainer.rate())))
+	say("  %s ev/s", toolkit.Thousands(int(r.drainer.rate())))
 	b.cons.reset()
 	say("drainer idle for %s: counting its statements on the primary", b.opts.idleFor)
 	if r.idleDrainer, err = b.idle(ctx, drainerRole); err != nil {
@@ -1044,13 +1044,12 @@ func findBroker(amqpURL string) int {
 	return pid
 }
 
-// runOnce runs a relay subcommand to completion.
+// runOnce runs a relay subcommand to completion; its output is shown only
+// if it fails.
 func runOnce(ctx context.Context, bin string, env []string, subcommand string) error {
-	cmd := exec.CommandContext(ctx, bin, subcommand)
-	cmd.Env = env
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s: %w\n%s", bin, subcommand, err, out)
+	var out toolkit.Buffer
+	if err := toolkit.Run(ctx, bin, env, subcommand, &out); err != nil {
+		return fmt.Errorf("%w\n%s", err, out.String())
 	}
 	return nil
 }
@@ -1140,7 +1139,7 @@ func printSeries(start, at map[string]time.Time) {
 	}
 	for sec := 0; sec <= last; sec++ {
 		s := summarize(buckets[sec])
-		say("    second %2d: %5d events  p50 %-9s p99 %-9s max %s", sec, s.n, ms(s.p50), ms(s.p99), ms(s.max))
+		say("    second %2d: %5d events  p50 %-9s p99 %-9s max %s", sec, s.n, toolkit.Ms(s.p50), toolkit.Ms(s.p99), toolkit.Ms(s.max))
 	}
 }
 
