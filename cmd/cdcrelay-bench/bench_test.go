@@ -12,35 +12,8 @@ import (
 	"time"
 
 	"github.com/cdcrelay/cdcrelay/internal/publish"
+	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
-
-func TestPercentile(t *testing.T) {
-	var d []time.Duration
-	for i := 1; i <= 100; i++ {
-		d = append(d, time.Duration(i)*time.Millisecond)
-	}
-	tests := []struct {
-		p    float64
-		want time.Duration
-	}{
-		{0.50, 50 * time.Millisecond},
-		{0.99, 99 * time.Millisecond},
-		{1.00, 100 * time.Millisecond},
-		{0.001, 1 * time.Millisecond},
-		{0, 1 * time.Millisecond},
-	}
-	for _, tt := range tests {
-		if got := percentile(d, tt.p); got != tt.want {
-			t.Errorf("percentile(1..100 ms, %v) = %v, want %v", tt.p, got, tt.want)
-		}
-	}
-	if got := percentile(nil, 0.5); got != 0 {
-		t.Errorf("percentile(nil) = %v", got)
-	}
-	if got := percentile([]time.Duration{7}, 0.99); got != 7 {
-		t.Errorf("percentile of one value = %v", got)
-	}
-}
 
 func TestSummarize(t *testing.T) {
 	in := []time.Duration{5, 1, 4, 2, 3}
@@ -169,18 +142,6 @@ func TestParsePhases(t *testing.T) {
 }
 
 func TestFormatting(t *testing.T) {
-	for n, want := range map[int]string{0: "0", 999: "999", 1000: "1,000", 100000: "100,000", -1234567: "-1,234,567"} {
-		if got := thousands(n); got != want {
-			t.Errorf("thousands(%d) = %q, want %q", n, got, want)
-		}
-	}
-	for d, want := range map[time.Duration]string{
-		1234 * time.Microsecond: "1.23 ms", 46300 * time.Microsecond: "46.3 ms", 3812 * time.Millisecond: "3,812 ms",
-	} {
-		if got := ms(d); got != want {
-			t.Errorf("ms(%v) = %q, want %q", d, got, want)
-		}
-	}
 	if got := ratio(1, 0); got != "n/a" {
 		t.Errorf("ratio(1, 0) = %q", got)
 	}
@@ -208,7 +169,7 @@ func TestRelayEnv(t *testing.T) {
 	t.Setenv("CDCRELAY_PUBLISH_CHANNELS", "4")
 	t.Setenv("CDCRELAY_AMQP_TLS_KEY", "/secret/key.pem")
 	set := map[string]string{"EXCHANGE": "ours", "LOG_LEVEL": "warn"}
-	env := relayEnv(set)
+	env := toolkit.Env(set)
 	if slices.Contains(env, "CDCRELAY_EXCHANGE=theirs") || !slices.Contains(env, "CDCRELAY_EXCHANGE=ours") ||
 		!slices.Contains(env, "CDCRELAY_PUBLISH_CHANNELS=4") {
 		t.Fatalf("env %v", env)

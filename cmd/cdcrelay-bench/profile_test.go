@@ -31,6 +31,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
+	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
 var (
@@ -123,7 +124,7 @@ func TestProfileRelay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("%d ev/s: p50 %s p99 %s max %s (inserted at %.0f ev/s)", ph.rate, ms(l.p50), ms(l.p99), ms(l.max), l.achieved)
+			t.Logf("%d ev/s: p50 %s p99 %s max %s (inserted at %.0f ev/s)", ph.rate, toolkit.Ms(l.p50), toolkit.Ms(l.p99), toolkit.Ms(l.max), l.achieved)
 		})
 	}
 }

@@ -2,89 +2,112 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/slot"
+	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
-// relayProc is a running `cdcrelay run`.
+// relayProc is a running `cdcrelay run` and its log.
 type relayProc struct {
-	cmd     *exec.Cmd
-	started time.Time
-	exited  chan struct{} // closed when the process has exited
-	err     error         // exit error; read only after exited is closed
-	log     *lockedBuffer
+	*toolkit.Proc
+	log *toolkit.Buffer
 }
 
 // startRelay starts `bin run` with env. Its log (LOG_LEVEL=warn, so
 // normally empty) is kept and shown if the bench fails.
 func startRelay(bin string, env []string) (*relayProc, error) {
-	r := &relayProc{exited: make(chan struct{}), log: &lockedBuffer{}}
-	r.cmd = exec.Command(bin, "run")
-	r.cmd.Env = env
-	r.cmd.Stdout, r.cmd.Stderr = r.log, r.log
-	r.cmd.SysProcAttr = relaySysProcAttr()
-	r.started = time.Now()
-	if err := r.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s run: %w", bin, err)
+	log := &toolkit.Buffer{}
+	p, err := toolkit.Start(bin, env, "run", log)
+	if err != nil {
+		return nil, err
 	}
-	go func() {
-		r.err = r.cmd.Wait()
-		close(r.exited)
-	}()
-	return r, nil
+	return &relayProc{Proc: p, log: log}, nil
 }
-
-func (r *relayProc) pid() int { return r.cmd.Process.Pid }
 
 // stop sends SIGTERM and waits for a graceful exit, killing the relay if
 // it takes longer than ctx allows.
 func (r *relayProc) stop(ctx context.Context) error {
-	select {
-	case <-r.exited:
-		return r.exitError()
-	default:
+	if err := r.Stop(ctx); err != nil {
+		return err
 	}
-	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return fmt.Errorf("signal relay: %w", err)
-	}
-	select {
-	case <-r.exited:
-		return r.exitError()
-	case <-ctx.Done():
-		_ = r.cmd.Process.Kill()
-		<-r.exited
-		return fmt.Errorf("relay did not stop after SIGTERM, killed it: %w", ctx.Err())
-	}
+	return r.exitError()
 }
 
+// exitError is how the relay exited, with the end of its log; nil while it
+// runs or when it exited cleanly.
 func (r *relayProc) exitError() error {
-	if r.err != nil {
-		return fmt.Errorf("%w: %w\nrelay log:\n%s", errStopped, r.err, tail(r.log.String(), 30))
+	if err := r.Err(); err != nil {
+		return fmt.Errorf("%w: %w\nrelay log:\n%s", errStopped, err, toolkit.Tail(r.log.String(), 30))
 	}
 	return nil
 }
 
-// relayEnv is the relay's configuration: the bench's CDCRELAY_* settings
-// win over the caller's environment; other CDCRELAY_* variables the caller
-// sets pass through (and are listed in the report).
-func relayEnv(set map[string]string) []string {
-	env := make([]string, 0, len(os.Environ())+len(set))
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if _, ours := set[strings.TrimPrefix(k, "CDCRELAY_")]; ours && strings.HasPrefix(k, "CDCRELAY_") {
-			continue
+// launch starts the relay with vars (its CDCRELAY_* settings, normally
+// b.relayVars) and keeps it for its log; it does not wait.
+func (b *bench) launch(vars map[string]string) (*relayProc, error) {
+	rp, err := startRelay(b.opts.relay, toolkit.Env(vars))
+	if err != nil {
+		return nil, err
+	}
+	b.relays = append(b.relays, rp)
+	return rp, nil
+}
+
+// startRelay starts the relay with vars and waits until it streams from
+// the slot.
+func (b *bench) startRelay(ctx context.Context, vars map[string]string) (*relayProc, error) {
+	rp, err := b.launch(vars)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.waitSlot(ctx, true, rp.Exited()); err != nil {
+		_ = rp.stop(ctx)
+		return nil, errors.Join(err, rp.exitError())
+	}
+	return rp, nil
+}
+
+// stopRelay stops the relay gracefully and waits until the slot is free.
+func (b *bench) stopRelay(ctx context.Context, rp *relayProc) error {
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := rp.stop(sctx); err != nil {
+		return err
+	}
+	return b.waitSlot(ctx, false, nil)
+}
+
+// waitSlot waits until the bench slot is (or is no longer) active.
+func (b *bench) waitSlot(ctx context.Context, active bool, exited <-chan struct{}) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		// Streaming means the slot is active and its adoption marker is
+		// gone: a relay stopped before that would redo the adoption at its
+		// next start and publish the next backlog from the snapshot
+		// instead of the stream.
+		var is bool
+		err := b.db.QueryRow(ctx, `SELECT coalesce(bool_or(active) FILTER (WHERE slot_name = $1), false)
+			AND NOT coalesce(bool_or(slot_name = $2), false) FROM pg_replication_slots`, benchSlot, slot.MarkerName(benchSlot)).Scan(&is)
+		if err != nil {
+			return fmt.Errorf("wait for slot %s active=%t: %w", benchSlot, active, err)
 		}
-		env = append(env, kv)
+		if is == active {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("slot %s not active=%t after 30s", benchSlot, active)
+		case <-exited:
+			return errStopped
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	for k, v := range set {
-		env = append(env, "CDCRELAY_"+k+"="+v)
-	}
-	return env
 }
 
 // passedThrough lists the caller's CDCRELAY_* variables the bench does not
@@ -106,26 +129,4 @@ func passedThrough(set map[string]string) []string {
 		out = append(out, kv)
 	}
 	return out
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func tail(s string, lines int) string {
-	parts := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(parts[max(0, len(parts)-lines):], "\n")
 }

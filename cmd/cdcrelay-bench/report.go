@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
 // monitorInterval is the relay's default CDCRELAY_MONITOR_INTERVAL: while
@@ -133,10 +134,10 @@ var tableHeader = []string{"measure", "relay", "reference", "ratio", "target", "
 // rows is the report's main table.
 func (r *results) rows(opts options) [][]string {
 	ceil := r.ceiling()
-	n := thousands(opts.backlog)
+	n := toolkit.Thousands(opts.backlog)
 	out := [][]string{
 		{fmt.Sprintf("broker ceiling: persistent, confirms, 1 channel, %d in flight", opts.inflight), "",
-			fmt.Sprintf("%s msg/s", thousands(int(ceil))), "", "", ""},
+			fmt.Sprintf("%s msg/s", toolkit.Thousands(int(ceil))), "", "", ""},
 		{fmt.Sprintf("drain of a %s-event backlog (relay start → consumer has all)", n),
 			evs(r.drain.rate()), "broker ceiling", ratio(r.drain.rate(), ceil),
 			fmt.Sprintf("≥ %.2f", drainTarget), ok(r.drain.rate() >= drainTarget*ceil)},
@@ -157,12 +158,12 @@ func (r *results) rows(opts options) [][]string {
 	}...)
 	for i, l := range r.lat {
 		ref := r.ref[i]
-		name := fmt.Sprintf("%s ev/s, %d/tx", thousands(l.phase.rate), l.phase.perTx)
+		name := fmt.Sprintf("%s ev/s, %d/tx", toolkit.Thousands(l.phase.rate), l.phase.perTx)
 		out = append(out,
-			[]string{"commit → consumer p50, " + name, ms(l.p50), ms(ref.p50) + " broker alone", ratio(l.p50.Seconds(), ref.p50.Seconds()), "", ""},
-			[]string{"commit → consumer p99, " + name, ms(l.p99), ms(ref.p99) + " broker alone", ratio(l.p99.Seconds(), ref.p99.Seconds()),
+			[]string{"commit → consumer p50, " + name, toolkit.Ms(l.p50), toolkit.Ms(ref.p50) + " broker alone", ratio(l.p50.Seconds(), ref.p50.Seconds()), "", ""},
+			[]string{"commit → consumer p99, " + name, toolkit.Ms(l.p99), toolkit.Ms(ref.p99) + " broker alone", ratio(l.p99.Seconds(), ref.p99.Seconds()),
 				target(l.phase.p99Target), okIf(l.phase.p99Target > 0, l.p99 <= l.phase.p99Target)},
-			[]string{"commit → consumer max, " + name, ms(l.max), ms(ref.max) + " broker alone", ratio(l.max.Seconds(), ref.max.Seconds()), "", ""},
+			[]string{"commit → consumer max, " + name, toolkit.Ms(l.max), toolkit.Ms(ref.max) + " broker alone", ratio(l.max.Seconds(), ref.max.Seconds()), "", ""},
 			[]string{"paced insert rate achieved, " + name, evs(l.achieved), evs(float64(l.phase.rate)) + " asked", ratio(l.achieved, float64(l.phase.rate)), "", ""},
 		)
 	}
@@ -193,11 +194,11 @@ func (r *results) notes(opts options) string {
 	fmt.Fprintf(&b, "machine:    %d CPUs, %s, %s RAM, Linux %s, load average %s at start, %s at end\n", m.cpus, m.model, m.memory, m.kernel, m.loadStart, m.loadEnd)
 	fmt.Fprintf(&b, "software:   relay built with %s, bench %s, PostgreSQL %s (throwaway cluster, fsync=off), RabbitMQ %s (shared local broker)\n", m.goRelay, m.goBench, m.postgres, m.rabbitmq)
 	fmt.Fprintf(&b, "sizes:      backlog %s, drainer backlog %s, latency phases %s each, idle windows %s, payload %d bytes, %d in flight\n",
-		thousands(opts.backlog), thousands(opts.drainerBacklog), opts.latencyFor, opts.idleFor, r.payloadBytes, opts.inflight)
+		toolkit.Thousands(opts.backlog), toolkit.Thousands(opts.drainerBacklog), opts.latencyFor, opts.idleFor, r.payloadBytes, opts.inflight)
 	if len(r.passThrough) > 0 {
 		fmt.Fprintf(&b, "relay env:  %s (from the caller's environment)\n", strings.Join(r.passThrough, " "))
 	}
-	fmt.Fprintf(&b, "ceiling:    run 1 %s msg/s, run 2 %s msg/s (the reference is the better run)", thousands(int(r.ceilings[0].rate())), thousands(int(r.ceilings[1].rate())))
+	fmt.Fprintf(&b, "ceiling:    run 1 %s msg/s, run 2 %s msg/s (the reference is the better run)", toolkit.Thousands(int(r.ceilings[0].rate())), toolkit.Thousands(int(r.ceilings[1].rate())))
 	if r.noisyCeiling() {
 		b.WriteString(": NOISY, the runs differ by more than 25%; other load on the machine or the shared broker")
 	}
@@ -209,21 +210,21 @@ func (r *results) notes(opts options) string {
 			r.drain.per10k(r.drain.use.relay), r.drain.per10k(r.drain.use.bench), ourCPU(best)/ourCPU(r.drain))
 	}
 	fmt.Fprintf(&b, "drain:      %s events in %s, first delivery %s after the relay started, janitor marked the last row %s after the last delivery\n",
-		thousands(r.drain.events), r.drain.took.Round(time.Millisecond), ms(r.drain.firstAfter), r.markedAfter.Round(time.Millisecond))
+		toolkit.Thousands(r.drain.events), r.drain.took.Round(time.Millisecond), toolkit.Ms(r.drain.firstAfter), r.markedAfter.Round(time.Millisecond))
 	if opts.channels > 1 {
 		fmt.Fprintf(&b, "partition:  %s events round-robin over %d keys bench.part.*, %d per lane of publish.LaneOf, queue i bound to lane i's keys;\n"+
 			"            1 channel: all in %s, first delivery %s after start; %d channels: all in %s, first delivery %s after start\n",
-			thousands(r.part[0].events), opts.channels*keysPerLane, keysPerLane, r.part[0].took.Round(time.Millisecond), ms(r.part[0].firstAfter),
-			opts.channels, r.part[1].took.Round(time.Millisecond), ms(r.part[1].firstAfter))
+			toolkit.Thousands(r.part[0].events), opts.channels*keysPerLane, keysPerLane, r.part[0].took.Round(time.Millisecond), toolkit.Ms(r.part[0].firstAfter),
+			opts.channels, r.part[1].took.Round(time.Millisecond), toolkit.Ms(r.part[1].firstAfter))
 	}
 	fmt.Fprintf(&b, "big tx:     first delivery %s after COMMIT returned (the client reads the RETURNING rows after the commit; ~0), all %s in %s\n",
-		ms(r.bigTx.firstAfter), thousands(r.bigTx.events), r.bigTx.took.Round(time.Millisecond))
+		toolkit.Ms(r.bigTx.firstAfter), toolkit.Thousands(r.bigTx.events), r.bigTx.took.Round(time.Millisecond))
 	fmt.Fprintf(&b, "relay CPU:  %.2f s per 10,000 events draining the backlog, %.2f s in the large transaction", r.drain.per10k(r.drain.use.relay), r.bigTx.per10k(r.bigTx.use.relay))
 	if opts.channels > 1 {
 		fmt.Fprintf(&b, ", %.2f s partitioned with 1 channel, %.2f s with %d", r.part[0].per10k(r.part[0].use.relay), r.part[1].per10k(r.part[1].use.relay), opts.channels)
 	}
 	for _, l := range r.lat {
-		fmt.Fprintf(&b, ", %.2f s at %s ev/s", rateResult{events: l.events}.per10k(l.use.relay), thousands(l.phase.rate))
+		fmt.Fprintf(&b, ", %.2f s at %s ev/s", rateResult{events: l.events}.per10k(l.use.relay), toolkit.Thousands(l.phase.rate))
 	}
 	b.WriteString("\n")
 
@@ -259,7 +260,7 @@ func (r *results) notes(opts options) string {
 	}
 	windows = append(windows, namedUsage{"relay one large transaction", r.bigTx.use})
 	for i := range r.lat {
-		name := fmt.Sprintf("%s ev/s", thousands(r.lat[i].phase.rate))
+		name := fmt.Sprintf("%s ev/s", toolkit.Thousands(r.lat[i].phase.rate))
 		windows = append(windows, namedUsage{"relay latency " + name, r.lat[i].use}, namedUsage{"broker-alone latency " + name, r.ref[i].use})
 	}
 	windows = append(windows, namedUsage{"polling drainer drain", r.drainer.use})
@@ -305,17 +306,7 @@ func summarize(d []time.Duration) summary {
 	}
 	s := slices.Clone(d)
 	slices.Sort(s)
-	return summary{n: len(s), p50: percentile(s, 0.50), p99: percentile(s, 0.99), max: s[len(s)-1]}
-}
-
-// percentile is the nearest-rank percentile of an ascending slice: the
-// smallest value with at least p of the values at or below it.
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(p*float64(len(sorted)))) - 1
-	return sorted[max(0, min(i, len(sorted)-1))]
+	return summary{n: len(s), p50: toolkit.Percentile(s, 0.50), p99: toolkit.Percentile(s, 0.99), max: s[len(s)-1]}
 }
 
 // formatTable renders a Markdown table whose columns line up in a terminal.
@@ -370,7 +361,7 @@ func target(d time.Duration) string {
 	if d <= 0 {
 		return ""
 	}
-	return "≤ " + ms(d)
+	return "≤ " + toolkit.Ms(d)
 }
 
 func ok(met bool) string {
@@ -380,34 +371,6 @@ func ok(met bool) string {
 	return "NO"
 }
 
-// thousands formats n with comma separators: 100000 → "100,000".
-func thousands(n int) string {
-	s := strconv.Itoa(n)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	for i := len(s) - 3; i > 0; i -= 3 {
-		s = s[:i] + "," + s[i:]
-	}
-	if neg {
-		return "-" + s
-	}
-	return s
-}
-
-func evs(rate float64) string { return thousands(int(math.Round(rate))) + " ev/s" }
-
-// ms formats a duration in milliseconds: two decimals below 10 ms, one below
-// a second, none above.
-func ms(d time.Duration) string {
-	v := float64(d) / float64(time.Millisecond)
-	switch {
-	case math.Abs(v) < 10:
-		return fmt.Sprintf("%.2f ms", v)
-	case math.Abs(v) < 1000:
-		return fmt.Sprintf("%.1f ms", v)
-	default:
-		return fmt.Sprintf("%s ms", thousands(int(math.Round(v))))
-	}
-}
+func evs(rate float64) string { return toolkit.Thousands(int(math.Round(rate))) + " ev/s" }
 
 func mib(bytes int64) string { return fmt.Sprintf("%.1f MiB", float64(bytes)/(1<<20)) }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
 // multiRowEvery makes every n-th transaction carry several events, as a
@@ -37,7 +39,7 @@ func connectDB(ctx context.Context, dbURL string) (*pgx.Conn, error) {
 
 // waitStreaming waits until the relay holds the replication slot, so the
 // first inserts show streaming latency rather than start-up time.
-func waitStreaming(ctx context.Context, db *pgx.Conn, relay *relayProcess, slot string) error {
+func waitStreaming(ctx context.Context, db *pgx.Conn, relay *toolkit.Proc, slot string) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -53,8 +55,8 @@ func waitStreaming(ctx context.Context, db *pgx.Conn, relay *relayProcess, slot 
 			return fmt.Errorf("wait for relay to stream: %w", err)
 		}
 		select {
-		case <-relay.exited:
-			return fmt.Errorf("relay exited before streaming: %w", relay.err)
+		case <-relay.Exited():
+			return fmt.Errorf("relay exited before streaming: %w", relay.Err())
 		case <-ctx.Done():
 			return fmt.Errorf("relay did not start streaming from slot %s within %v: %w", slot, readyTimeout, ctx.Err())
 		case <-tick.C:

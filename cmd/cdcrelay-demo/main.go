@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
 const (
@@ -125,7 +126,7 @@ func demo(ctx context.Context, opts options) (err error) {
 	if err != nil {
 		return err
 	}
-	defer cleanup("stop relay", relay.stop)
+	defer cleanup("stop relay", relay.Stop)
 
 	db, err := connectDB(ctx, dbURL)
 	if err != nil {
@@ -141,7 +142,7 @@ func demo(ctx context.Context, opts options) (err error) {
 
 // deliver inserts the events while printing deliveries as they arrive, then
 // prints the summary. It fails if not every event arrived in time.
-func deliver(ctx context.Context, opts options, db *pgx.Conn, consumer *testenv.Consumer, relay *relayProcess) error {
+func deliver(ctx context.Context, opts options, db *pgx.Conn, consumer *testenv.Consumer, relay *toolkit.Proc) error {
 	step("inserting %d events at %s", opts.events, rateText(opts.rate))
 	watchCtx, cancelWatch := context.WithCancelCause(ctx)
 	defer cancelWatch(nil)
@@ -150,8 +151,8 @@ func deliver(ctx context.Context, opts options, db *pgx.Conn, consumer *testenv.
 	// A relay that dies makes waiting pointless; say so instead of timing out.
 	go func() {
 		select {
-		case <-relay.exited:
-			cancelWatch(fmt.Errorf("relay exited: %w", relay.err))
+		case <-relay.Exited():
+			cancelWatch(fmt.Errorf("relay exited: %w", relay.Err()))
 		case <-watchCtx.Done():
 		}
 	}()

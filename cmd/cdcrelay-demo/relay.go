@@ -3,87 +3,38 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"sync"
-	"syscall"
+
+	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
-// relayEnv is the relay's configuration for the demo. Later entries win over
-// anything the user's environment already sets, other CDCRELAY_* variables
-// (e.g. CDCRELAY_LOG_LEVEL) pass through.
+// relayEnv is the relay's configuration for the demo. The demo's settings
+// win over the user's environment; other CDCRELAY_* variables (e.g.
+// CDCRELAY_LOG_LEVEL) pass through.
 func relayEnv(dbURL, amqpURL string) []string {
-	return append(os.Environ(),
-		"CDCRELAY_DATABASE_URL="+dbURL,
-		"CDCRELAY_AMQP_URL="+amqpURL,
-		"CDCRELAY_EXCHANGE="+demoExchange,
-		"CDCRELAY_HTTP_ADDR=127.0.0.1:0",
-		"CDCRELAY_SLOT="+demoSlot,
-	)
-}
-
-// relayProcess is a running `cdcrelay run`.
-type relayProcess struct {
-	cmd    *exec.Cmd
-	exited chan struct{} // closed when the process has exited
-	err    error         // exit error; read only after exited is closed
+	return toolkit.Env(map[string]string{
+		"DATABASE_URL": dbURL,
+		"AMQP_URL":     amqpURL,
+		"EXCHANGE":     demoExchange,
+		"HTTP_ADDR":    "127.0.0.1:0",
+		"SLOT":         demoSlot,
+	})
 }
 
 // runRelayOnce runs a relay subcommand to completion, its output prefixed.
 func runRelayOnce(ctx context.Context, bin string, env []string, subcommand string) error {
 	out := newPrefixWriter(os.Stdout, "relay | ")
 	defer out.Flush()
-	cmd := exec.CommandContext(ctx, bin, subcommand)
-	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s %s: %w", bin, subcommand, err)
-	}
-	return nil
+	return toolkit.Run(ctx, bin, env, subcommand, out)
 }
 
-// startRelay starts a long-running relay subcommand. It is not tied to a
-// context: the demo stops it explicitly with SIGTERM, after its last step,
-// so the relay shuts down the way it would in production.
-func startRelay(bin string, env []string, subcommand string) (*relayProcess, error) {
-	out := newPrefixWriter(os.Stdout, "relay | ")
-	cmd := exec.Command(bin, subcommand)
-	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = relaySysProcAttr()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s %s: %w", bin, subcommand, err)
-	}
-	r := &relayProcess{cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		r.err = cmd.Wait()
-		out.Flush()
-		close(r.exited)
-	}()
-	return r, nil
-}
-
-// stop sends SIGTERM and waits for the relay to exit, killing it if it does
-// not stop before ctx ends.
-func (r *relayProcess) stop(ctx context.Context) error {
-	select {
-	case <-r.exited:
-		return nil // already gone; its exit was reported where it mattered
-	default:
-	}
-	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return fmt.Errorf("signal relay: %w", err)
-	}
-	select {
-	case <-r.exited:
-		return nil
-	case <-ctx.Done():
-		_ = r.cmd.Process.Kill()
-		<-r.exited
-		return fmt.Errorf("relay did not stop after SIGTERM, killed it: %w", ctx.Err())
-	}
+// startRelay starts a long-running relay subcommand, its output prefixed.
+// The demo stops it with Stop (SIGTERM) after its last step, so the relay
+// shuts down the way it would in production.
+func startRelay(bin string, env []string, subcommand string) (*toolkit.Proc, error) {
+	return toolkit.Start(bin, env, subcommand, newPrefixWriter(os.Stdout, "relay | "))
 }
 
 // prefixWriter writes each complete line with a prefix, as one Write, so the

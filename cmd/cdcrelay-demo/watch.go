@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
 // stats summarises what the consumer received.
@@ -58,7 +58,7 @@ func (st *stats) add(d testenv.Delivery, want int) {
 		note += " (redelivered)"
 	}
 	fmt.Printf("recv  | order %-4d id=%s key=%s latency=%s body=%s%s\n",
-		ev.OrderID, d.MessageID, d.RoutingKey, ms(latency), d.Body, note)
+		ev.OrderID, d.MessageID, d.RoutingKey, toolkit.Ms(latency), d.Body, note)
 }
 
 func (st *stats) print(expected int) {
@@ -70,15 +70,5 @@ func (st *stats) print(expected int) {
 	sorted := slices.Clone(st.latencies)
 	slices.Sort(sorted)
 	fmt.Printf("demo  | latency insert->consumer: p50 %s, p99 %s, max %s\n",
-		ms(percentile(sorted, 0.50)), ms(percentile(sorted, 0.99)), ms(sorted[len(sorted)-1]))
-}
-
-// percentile is the nearest-rank percentile of an ascending slice.
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	i := int(math.Ceil(p*float64(len(sorted)))) - 1
-	return sorted[max(0, min(i, len(sorted)-1))]
-}
-
-func ms(d time.Duration) string {
-	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+		toolkit.Ms(toolkit.Percentile(sorted, 0.50)), toolkit.Ms(toolkit.Percentile(sorted, 0.99)), toolkit.Ms(sorted[len(sorted)-1]))
 }

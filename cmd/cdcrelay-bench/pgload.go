@@ -1,0 +1,199 @@
+package main
+
+// Load on PostgreSQL: CPU windows over the relay, walsender and broker,
+// the idle phases counting statements, and the polling drainer baseline.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/toolkit"
+)
+
+// window samples the CPU counters at the start and end of a measured phase.
+type window struct {
+	b        *bench
+	relayPID int // 0 when the relay does not run in this window
+	at       time.Time
+	machine  machineCPU
+	pg, self time.Duration
+	relay    time.Duration
+	broker   time.Duration
+	// background is how busy the machine was (cores) just before the
+	// window, while the bench itself was idle.
+	background float64
+}
+
+func (b *bench) sample(relayPID int) (window, error) {
+	w := window{b: b, relayPID: relayPID, at: time.Now(), background: b.background}
+	var err error
+	if w.machine, err = readMachineCPU(); err != nil {
+		return w, err
+	}
+	if w.pg, err = treeCPU(b.postmaster); err != nil {
+		return w, err
+	}
+	if w.self, err = processCPU(os.Getpid()); err != nil {
+		return w, err
+	}
+	if relayPID != 0 {
+		if w.relay, err = processCPU(relayPID); err != nil {
+			return w, err
+		}
+	}
+	if b.brokerPID != 0 {
+		if w.broker, err = processCPU(b.brokerPID); err != nil {
+			b.brokerPID = 0 // restarted meanwhile: stop reporting it
+			w.broker = 0
+		}
+	}
+	return w, nil
+}
+
+// usage is what was spent between two samples.
+type usage struct {
+	wall      time.Duration
+	busyCores float64       // the whole machine: every process, ours or not
+	pg        time.Duration // the throwaway cluster
+	relay     time.Duration // the relay process
+	bench     time.Duration // this process: consumer, publisher, inserter, drainer
+	broker    time.Duration // the local RabbitMQ node (0 when not found)
+	// background is how busy the machine was just before the window.
+	background float64
+}
+
+func (w window) until(end window) usage {
+	return usage{
+		wall:       end.at.Sub(w.at),
+		busyCores:  busyCores(w.machine, end.machine, runtime.NumCPU()),
+		pg:         end.pg - w.pg,
+		relay:      end.relay - w.relay,
+		bench:      end.self - w.self,
+		broker:     max(end.broker-w.broker, 0),
+		background: w.background,
+	}
+}
+
+// idle counts the statements role ran on the primary over opts.idleFor.
+func (b *bench) idle(ctx context.Context, role string) (idleResult, error) {
+	time.Sleep(settle)
+	calls := func() (int64, error) {
+		var n int64
+		err := b.db.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE userid = to_regrole($1)`, role).Scan(&n)
+		return n, err
+	}
+	c0, err := calls()
+	if err != nil {
+		return idleResult{}, fmt.Errorf("pg_stat_statements: %w", err)
+	}
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return idleResult{}, ctx.Err()
+	case <-time.After(b.opts.idleFor):
+	}
+	c1, err := calls()
+	if err != nil {
+		return idleResult{}, fmt.Errorf("pg_stat_statements: %w", err)
+	}
+	return idleResult{calls: c1 - c0, window: time.Since(start)}, nil
+}
+
+// pollingDrainer is the baseline: with the relay stopped, a drainer polls
+// the outbox every 250 ms for up to 100 rows and publishes them with
+// confirms. It drains its own backlog, then idles.
+func (b *bench) pollingDrainer(ctx context.Context) error {
+	m := b.opts.drainerBacklog
+	say("polling drainer (%s tick, LIMIT %d, SKIP LOCKED): backlog of %s events", drainerTick, drainerBatch, toolkit.Thousands(m))
+	want, err := b.insertBacklog(ctx, m, nil)
+	if err != nil {
+		return err
+	}
+	if err := b.prepare(ctx); err != nil {
+		return err
+	}
+	db, err := pgx.Connect(ctx, b.drainerURL)
+	if err != nil {
+		return fmt.Errorf("connect drainer: %w", err)
+	}
+	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
+	pub, err := newConfirmPublisher(ctx, b.amqpURL, b.opts.inflight)
+	if err != nil {
+		return err
+	}
+	b.cons.reset()
+	before, err := b.sample(0)
+	if err != nil {
+		return err
+	}
+	dctx, stop := context.WithCancel(ctx)
+	failed := make(chan struct{})
+	var runErr error
+	go func() {
+		runErr = (&drainer{db: db, pub: pub, exchange: b.exchange}).run(dctx)
+		close(failed)
+	}()
+	defer func() {
+		stop()
+		<-failed
+		_ = pub.finish()
+	}()
+	wctx, cancel := context.WithTimeout(ctx, time.Minute+time.Duration(m)*5*time.Millisecond)
+	defer cancel()
+	a, err := b.cons.waitIDs(wctx, want, failed)
+	if err != nil {
+		return errors.Join(err, runErr)
+	}
+	after, err := b.sample(0)
+	if err != nil {
+		return err
+	}
+	r := b.res
+	r.drainer = rateResult{events: m, took: a.last.Sub(before.at), firstAfter: a.first.Sub(before.at), use: before.until(after), duplicates: a.duplicates}
+	say("  %s ev/s", toolkit.Thousands(int(r.drainer.rate())))
+	b.cons.reset()
+	say("drainer idle for %s: counting its statements on the primary", b.opts.idleFor)
+	if r.idleDrainer, err = b.idle(ctx, drainerRole); err != nil {
+		return err
+	}
+	return nil
+}
+
+// watchSendLag prints, every second (-v), how far the walsender is behind
+// the WAL (not yet decoded and sent: PostgreSQL's side) and how far the
+// relay's confirmed position is behind what was sent (the relay and the
+// broker's side).
+func (b *bench) watchSendLag(ctx context.Context) {
+	db, err := pgx.Connect(ctx, b.superURL)
+	if err != nil {
+		return
+	}
+	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
+	var maxSend, maxFlush int64
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for i := 1; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		var send, flush int64
+		err := db.QueryRow(ctx, `SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), sent_lsn)), 0)::bigint,
+			coalesce(max(pg_wal_lsn_diff(sent_lsn, flush_lsn)), 0)::bigint FROM pg_stat_replication`).Scan(&send, &flush)
+		if err != nil {
+			return
+		}
+		maxSend, maxFlush = max(maxSend, send), max(maxFlush, flush)
+		if i%10 == 0 {
+			say("    WAL not yet sent by the walsender: max %d kB; sent but not confirmed by the relay: max %d kB", maxSend/1024, maxFlush/1024)
+			maxSend, maxFlush = 0, 0
+		}
+	}
+}
