@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -158,5 +159,113 @@ func TestNoReferenceOutsideTheRepository(t *testing.T) {
 	}
 	if files < 100 {
 		t.Fatalf("only %d files read under %s: is the repository layout what the test expects?", files, repoRoot)
+	}
+}
+
+// pendingDocs are pages the README links to that another branch of the same
+// change adds. TestDocLinks fails once such a page exists, so that the entry
+// is removed and the page's links are checked like the others.
+var pendingDocs = []string{"docs/testing.md"}
+
+var (
+	mdLinkRE  = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	headingRE = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*$`)
+	slugDrop  = regexp.MustCompile(`[^\p{L}\p{N} _-]`)
+)
+
+// markdownLines returns the lines of a Markdown file outside code fences:
+// a heading or a link inside a fence is not one.
+func markdownLines(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	fenced := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+			out = append(out, "")
+			continue
+		}
+		if fenced {
+			line = ""
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// anchors returns the fragment of every heading of a Markdown file, as
+// GitHub makes them: lower case, punctuation dropped, spaces as hyphens, a
+// repeated one suffixed -1, -2, ….
+func anchors(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	seen := map[string]int{}
+	for _, line := range markdownLines(t, path) {
+		m := headingRE.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		slug := strings.ReplaceAll(slugDrop.ReplaceAllString(strings.ToLower(m[1]), ""), " ", "-")
+		if n := seen[slug]; n > 0 {
+			out[slug+"-"+strconv.Itoa(n)] = true
+		} else {
+			out[slug] = true
+		}
+		seen[slug]++
+	}
+	return out
+}
+
+// TestDocLinks: every relative link of the README, the docs and the chart's
+// README leads to a file of the repository and, with a #fragment into a
+// Markdown file, to one of its headings; a page that moves or a heading
+// that is renamed cannot leave a dead link behind.
+func TestDocLinks(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, filepath.Join(repoRoot, "README.md"), filepath.Join(repoRoot, "deploy", "helm", "README.md"))
+	for _, p := range pendingDocs {
+		if _, err := os.Stat(filepath.Join(repoRoot, p)); err == nil {
+			t.Errorf("%s exists now: remove it from pendingDocs", p)
+		}
+	}
+	links := 0
+	for _, f := range files {
+		for i, line := range markdownLines(t, f) {
+			for _, m := range mdLinkRE.FindAllStringSubmatch(line, -1) {
+				target, frag, _ := strings.Cut(m[1], "#")
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				links++
+				path := f
+				if target != "" {
+					path = filepath.Join(filepath.Dir(f), target)
+				}
+				rel, err := filepath.Rel(repoRoot, path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if slices.Contains(pendingDocs, filepath.ToSlash(rel)) {
+					continue
+				}
+				if _, err := os.Stat(path); err != nil {
+					t.Errorf("%s:%d: link %s: no such file %s", f, i+1, m[1], rel)
+					continue
+				}
+				if frag != "" && strings.HasSuffix(path, ".md") && !anchors(t, path)[frag] {
+					t.Errorf("%s:%d: link %s: %s has no heading with the anchor #%s", f, i+1, m[1], rel, frag)
+				}
+			}
+		}
+	}
+	if links < 50 {
+		t.Fatalf("only %d relative links found in %d files: is the repository layout what the test expects?", links, len(files))
 	}
 }
