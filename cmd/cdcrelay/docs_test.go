@@ -269,3 +269,87 @@ func TestDocLinks(t *testing.T) {
 		t.Fatalf("only %d relative links found in %d files: is the repository layout what the test expects?", links, len(files))
 	}
 }
+
+// pendingPackages are packages the layout table of docs/architecture.md
+// lists that other branches of the same change add. TestArchitectureLayout
+// fails once such a package exists, so that the entry is removed.
+var pendingPackages = []string{"internal/pgconnect", "internal/repocheck", "internal/toolkit"}
+
+// layoutTable reads the "| package | holds |" table of docs/architecture.md:
+// the path in the first cell of each row, and its line.
+func layoutTable(t *testing.T) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	in := false
+	for i, line := range markdownLines(t, filepath.Join(repoRoot, "docs", "architecture.md")) {
+		switch {
+		case strings.HasPrefix(line, "| package |"):
+			in = true
+		case !strings.HasPrefix(line, "|"):
+			in = false
+		case in && !strings.HasPrefix(line, "|---"):
+			first := strings.Split(strings.Trim(line, "|"), "|")[0]
+			if m := codeSpanRE.FindStringSubmatch(first); m != nil {
+				out[m[1]] = i + 1
+			}
+		}
+	}
+	return out
+}
+
+// TestArchitectureLayout: the layout table of docs/architecture.md covers
+// every directory of the tree that holds Go files (itself or through a
+// listed parent, as deploy/helm covers the chart's test module), and every
+// path it lists exists.
+func TestArchitectureLayout(t *testing.T) {
+	table := layoutTable(t)
+	if len(table) < 15 {
+		t.Fatalf("only %d rows in the layout table of docs/architecture.md: is the page what the test expects?", len(table))
+	}
+	covered := func(dir string) bool {
+		for d := dir; d != "."; d = filepath.Dir(d) {
+			if _, ok := table[filepath.ToSlash(d)]; ok {
+				return true
+			}
+		}
+		return false
+	}
+	dirs := map[string]bool{}
+	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", ".bin", "bin", "testdata":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(path, ".go") {
+			rel, err := filepath.Rel(repoRoot, filepath.Dir(path))
+			if err != nil {
+				return err
+			}
+			dirs[rel] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir := range dirs {
+		if !covered(dir) {
+			t.Errorf("%s holds Go files but the layout table of docs/architecture.md has no row for it", dir)
+		}
+	}
+	for p, line := range table {
+		_, err := os.Stat(filepath.Join(repoRoot, p))
+		switch pending := slices.Contains(pendingPackages, p); {
+		case pending && err == nil:
+			t.Errorf("%s exists now: remove it from pendingPackages", p)
+		case !pending && err != nil:
+			t.Errorf("docs/architecture.md:%d: the layout table lists %s, which does not exist", line, p)
+		}
+	}
+}
