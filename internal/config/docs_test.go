@@ -26,12 +26,12 @@ type docRow struct {
 	line      int
 }
 
-// configurationDoc reads every table of docs/configuration.md whose header
-// has a "variable" and a "default" column: one row per variable named in
-// the variable cell (a cell may name several).
-func configurationDoc(t *testing.T) []docRow {
+// variableTables reads every table of a Markdown file whose header has a
+// "variable" and a "default" column: one row per variable named in the
+// variable cell (a cell may name several).
+func variableTables(t *testing.T, path string) []docRow {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot, "docs", "configuration.md"))
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func tagDefaults() map[string]string {
 // TestConfigurationDoc: docs/configuration.md names every variable the relay
 // reads, once, with its default, and no variable it does not read.
 func TestConfigurationDoc(t *testing.T) {
-	rows := configurationDoc(t)
+	rows := variableTables(t, filepath.Join(repoRoot, "docs", "configuration.md"))
 	defaults := tagDefaults()
 	known := config.Known()
 	if len(known) < 30 || len(defaults) != len(known) {
@@ -110,6 +110,36 @@ func TestConfigurationDoc(t *testing.T) {
 		if _, ok := seen[name]; !ok {
 			t.Errorf("the relay reads %s (config.Config) but docs/configuration.md has no row for it", name)
 		}
+	}
+}
+
+// TestDocsVariableDefaults: a table elsewhere in the docs that gives
+// variables with their defaults (operations.md's retention table) gives the
+// defaults of Config's env tags too.
+func TestDocsVariableDefaults(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaults := tagDefaults()
+	rows := 0
+	for _, f := range append(files, filepath.Join(repoRoot, "README.md")) {
+		if filepath.Base(f) == "configuration.md" {
+			continue // TestConfigurationDoc
+		}
+		for _, r := range variableTables(t, f) {
+			rows++
+			want, ok := defaults[r.name]
+			switch {
+			case !ok:
+				t.Errorf("%s:%d: %s is not a variable the relay reads", f, r.line, r.name)
+			case want != "" && r.def != "`"+want+"`":
+				t.Errorf("%s:%d: %s: the default column says %s, the env tag says `%s`", f, r.line, r.name, r.def, want)
+			}
+		}
+	}
+	if rows == 0 {
+		t.Fatal("no variable table with a default column outside docs/configuration.md: drop this test or fix its reader")
 	}
 }
 
