@@ -40,5 +40,5 @@ func configFindings(environ []string) []preflight.Finding {
 	}
 	return []preflight.Finding{{Check: "configuration", Severity: preflight.Warn,
 		Message: "unknown variables, ignored (their settings stay at the default): " + strings.Join(names, ", "),
-		Remedy:  "fix or remove them; README.md, Configuration, lists every variable"}}
+		Remedy:  "fix or remove them; docs/configuration.md lists every variable"}}
 }

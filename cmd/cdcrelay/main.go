@@ -34,7 +34,7 @@ import (
 const usage = `usage: cdcrelay <command>
 
 commands:
-  run      stream outbox inserts to RabbitMQ (configuration: CDCRELAY_* variables, see README)
+  run      stream outbox inserts to RabbitMQ (configuration: CDCRELAY_* variables, see docs/configuration.md)
   migrate  create the outbox table, its index and the publication (idempotent)
   check    preflight the database, role, publication, slot and broker; exits 1 on any error
   version  print the version

@@ -27,7 +27,8 @@ import (
 const Prefix = "CDCRELAY_"
 
 // Config is the relay's configuration. Field tags name the variables
-// (without Prefix) and their defaults; README.md documents each one.
+// (without Prefix) and their defaults; docs/configuration.md documents each
+// one (TestConfigurationDoc holds it to these tags).
 type Config struct {
 	DatabaseURL     string `env:"DATABASE_URL"`
 	DatabaseURLFile string `env:"DATABASE_URL_FILE"`

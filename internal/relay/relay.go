@@ -1,5 +1,3 @@
-// Package relay wires the WAL reader and the publisher into sessions and
-// restarts them from the slot after any failure.
 package relay
 
 import (
