@@ -162,11 +162,6 @@ func TestNoReferenceOutsideTheRepository(t *testing.T) {
 	}
 }
 
-// pendingDocs are pages the README links to that another branch of the same
-// change adds. TestDocLinks fails once such a page exists, so that the entry
-// is removed and the page's links are checked like the others.
-var pendingDocs = []string{"docs/testing.md"}
-
 var (
 	mdLinkRE  = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	headingRE = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*$`)
@@ -230,11 +225,6 @@ func TestDocLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	files = append(files, filepath.Join(repoRoot, "README.md"), filepath.Join(repoRoot, "deploy", "helm", "README.md"))
-	for _, p := range pendingDocs {
-		if _, err := os.Stat(filepath.Join(repoRoot, p)); err == nil {
-			t.Errorf("%s exists now: remove it from pendingDocs", p)
-		}
-	}
 	links := 0
 	for _, f := range files {
 		for i, line := range markdownLines(t, f) {
@@ -252,9 +242,6 @@ func TestDocLinks(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if slices.Contains(pendingDocs, filepath.ToSlash(rel)) {
-					continue
-				}
 				if _, err := os.Stat(path); err != nil {
 					t.Errorf("%s:%d: link %s: no such file %s", f, i+1, m[1], rel)
 					continue
@@ -269,11 +256,6 @@ func TestDocLinks(t *testing.T) {
 		t.Fatalf("only %d relative links found in %d files: is the repository layout what the test expects?", links, len(files))
 	}
 }
-
-// pendingPackages are packages the layout table of docs/architecture.md
-// lists that other branches of the same change add. TestArchitectureLayout
-// fails once such a package exists, so that the entry is removed.
-var pendingPackages = []string{"internal/pgconnect", "internal/repocheck", "internal/toolkit"}
 
 // layoutTable reads the "| package | holds |" table of docs/architecture.md:
 // the path in the first cell of each row, and its line.
@@ -344,11 +326,7 @@ func TestArchitectureLayout(t *testing.T) {
 		}
 	}
 	for p, line := range table {
-		_, err := os.Stat(filepath.Join(repoRoot, p))
-		switch pending := slices.Contains(pendingPackages, p); {
-		case pending && err == nil:
-			t.Errorf("%s exists now: remove it from pendingPackages", p)
-		case !pending && err != nil:
+		if _, err := os.Stat(filepath.Join(repoRoot, p)); err != nil {
 			t.Errorf("docs/architecture.md:%d: the layout table lists %s, which does not exist", line, p)
 		}
 	}

@@ -1,4 +1,4 @@
-// Package faults_test is cdcrelay's fault matrix (issue 3): each test runs
+// Package faults_test is cdcrelay's fault matrix: each test runs
 // at least 1,000 events around one failure of PostgreSQL, the broker, the
 // network between them or the relay itself, then checks from the database
 // that every outbox row reached a consumer, counts duplicates and checks

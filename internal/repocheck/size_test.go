@@ -13,12 +13,6 @@ import (
 // more than one concern and is split by concern (docs/architecture.md).
 const maxLines = 500
 
-// exempt are the directories whose files are allowed past maxLines for
-// now, with the reason.
-var exempt = map[string]string{
-	"cmd/cdcrelay-bench": "split by phase separately",
-}
-
 // TestNoLargeGoFiles fails on any non-test Go file above maxLines lines.
 func TestNoLargeGoFiles(t *testing.T) {
 	root := filepath.Join("..", "..")
@@ -36,7 +30,7 @@ func TestNoLargeGoFiles(t *testing.T) {
 		}
 		rel = filepath.ToSlash(rel)
 		if d.IsDir() {
-			if _, skip := exempt[rel]; skip || (rel != "." && strings.HasPrefix(d.Name(), ".")) || d.Name() == "testdata" {
+			if (rel != "." && strings.HasPrefix(d.Name(), ".")) || d.Name() == "testdata" {
 				return filepath.SkipDir
 			}
 			return nil
