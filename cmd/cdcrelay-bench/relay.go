@@ -9,19 +9,20 @@ import (
 	"time"
 
 	"github.com/cdcrelay/cdcrelay/internal/slot"
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
 // relayProc is a running `cdcrelay run` and its log.
 type relayProc struct {
 	*toolkit.Proc
-	log *toolkit.Buffer
+	log *testenv.Buffer
 }
 
 // startRelay starts `bin run` with env. Its log (LOG_LEVEL=warn, so
 // normally empty) is kept and shown if the bench fails.
 func startRelay(bin string, env []string) (*relayProc, error) {
-	log := &toolkit.Buffer{}
+	log := &testenv.Buffer{}
 	p, err := toolkit.Start(bin, env, "run", log)
 	if err != nil {
 		return nil, err

@@ -231,7 +231,7 @@ func (b *bench) prepare(ctx context.Context) error {
 // runOnce runs a relay subcommand to completion; its output is shown only
 // if it fails.
 func runOnce(ctx context.Context, bin string, env []string, subcommand string) error {
-	var out toolkit.Buffer
+	var out testenv.Buffer
 	if err := toolkit.Run(ctx, bin, env, subcommand, &out); err != nil {
 		return fmt.Errorf("%w\n%s", err, out.String())
 	}

@@ -17,11 +17,7 @@ import (
 
 var builds testenv.Builds
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	builds.Remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { builds.Main(m) }
 
 // TestIntegrationMemoryLimitInRealCgroup runs the built relay inside a real memory
 // cgroup with a 256MiB limit and checks that it gives the Go runtime 90%

@@ -5,7 +5,6 @@ package alertlive_test
 import (
 	"context"
 	"net/http"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -19,11 +18,7 @@ import (
 // builds holds the relay binary; TestMain removes it.
 var builds testenv.Builds
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	builds.Remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { builds.Main(m) }
 
 // world is the test's services: a throwaway PostgreSQL with the outbox,
 // an exchange of its own on the shared broker with a queue counting what

@@ -14,7 +14,6 @@
 package faults_test
 
 import (
-	"os"
 	"testing"
 
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
@@ -26,8 +25,4 @@ const slotName = "cdcrelay_outbox"
 // build; TestMain removes them.
 var builds testenv.Builds
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	builds.Remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { builds.Main(m) }

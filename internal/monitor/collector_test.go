@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
 // fakeClock is a settable clock for the freshness rule.
@@ -37,23 +40,17 @@ var gaugeNames = []string{
 }
 
 // exported gathers reg and returns each series' value by name and labels.
+// The key spells the labels as {slot=s1,status=lost}, braces even when
+// there are none.
 func exported(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			out[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = m.GetGauge().GetValue()
+	return testenv.Series(t, reg, func(m *dto.Metric) string {
+		var ls []string
+		for _, l := range m.GetLabel() {
+			ls = append(ls, l.GetName()+"="+l.GetValue())
 		}
-	}
-	return out
+		return "{" + strings.Join(ls, ",") + "}"
+	})
 }
 
 func families(series map[string]float64) []string {

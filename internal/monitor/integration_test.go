@@ -47,20 +47,6 @@ func exec(t *testing.T, db *pgx.Conn, sql string, args ...any) {
 	}
 }
 
-// withApp returns raw with application_name app, so that pg_stat_activity
-// tells monitors apart.
-func withApp(t *testing.T, raw, app string) string {
-	t.Helper()
-	u, err := url.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("application_name", app)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
-
 // running is a monitor run in the background with its own registry.
 type running struct {
 	*testenv.Background
@@ -173,17 +159,11 @@ func TestIntegrationBacklogColumns(t *testing.T) {
 // testutilCounter reads an unlabelled-but-for-slot counter.
 func testutilCounter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	mf := testenv.Family(t, reg, name)
+	if mf == nil {
+		t.Fatalf("no %s", name)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no %s", name)
-	return 0
+	return mf.GetMetric()[0].GetCounter().GetValue()
 }
 
 // TestIntegrationBacklogQueryPlan: on an outbox of many published rows and
@@ -297,7 +277,7 @@ func isBlind(t *testing.T, r *running) bool {
 func TestIntegrationMonitorLock(t *testing.T) {
 	db, dbURL := database(t)
 	opts := func(app string) Options {
-		return Options{DatabaseURL: withApp(t, dbURL, app), Schema: "public", Table: "event_outbox"}
+		return Options{DatabaseURL: testenv.WithApplicationName(t, dbURL, app), Schema: "public", Table: "event_outbox"}
 	}
 	a := start(t, opts("mon_a"))
 	waitFor(t, "a to hold the lock and export", func() bool { return isHolder(t, a) })
@@ -389,7 +369,7 @@ func TestIntegrationMonitorLock(t *testing.T) {
 func TestIntegrationMonitorIgnoresIdleSessionTimeout(t *testing.T) {
 	db, dbURL := database(t)
 	exec(t, db, `CREATE ROLE mon LOGIN PASSWORD 'mon-pw'; GRANT SELECT ON event_outbox TO mon; ALTER ROLE mon SET idle_session_timeout = '300ms'`)
-	u, err := url.Parse(withApp(t, dbURL, "mon_idle"))
+	u, err := url.Parse(testenv.WithApplicationName(t, dbURL, "mon_idle"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,28 +42,18 @@ func waitMarked(t *testing.T, e *env, rows []row, within time.Duration) time.Dur
 // failing the test if the registry has none.
 func metricFamily(t *testing.T, reg *prometheus.Registry, name string) *dto.MetricFamily {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	mf := testenv.Family(t, reg, name)
+	if mf == nil {
+		t.Fatalf("no metric %s", name)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return nil
+	return mf
 }
 
 // gauge reads an unlabelled gauge or counter; it fails the test if the
 // registry has no such metric.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	m := metricFamily(t, reg, name).GetMetric()[0]
-	if m.GetGauge() != nil {
-		return m.GetGauge().GetValue()
-	}
-	return m.GetCounter().GetValue()
+	return testenv.Value(metricFamily(t, reg, name).GetMetric()[0])
 }
 
 // counter reads one labelled series of a metric vector.

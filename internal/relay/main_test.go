@@ -1,16 +1,9 @@
 package relay_test
 
-import (
-	"os"
-	"testing"
-)
+import "testing"
 
 // TestMain removes the relay binary the process tests built, if any.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	builds.Remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { builds.Main(m) }
 
 // Parallel tests: the few tests that run longest and spend most of that
 // waiting (an idle window, SIGKILLs and takeovers, child processes, a

@@ -39,22 +39,7 @@ func monitorExports(series map[string]float64) []string {
 // registrySeries is scrape for an in-process relay's registry.
 func registrySeries(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			switch {
-			case m.GetGauge() != nil:
-				out[mf.GetName()+labels(m)] = m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				out[mf.GetName()+labels(m)] = m.GetCounter().GetValue()
-			}
-		}
-	}
-	return out
+	return testenv.Series(t, reg, labels)
 }
 
 // pollUntil polls cond every 50ms until it holds, failing after within
@@ -168,7 +153,7 @@ func monitorRole(t *testing.T, addr string) (holder bool, series map[string]floa
 func TestIntegrationMonitorOneHolder(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	vars := func(addr, app string) map[string]string {
-		return map[string]string{"HTTP_ADDR": addr, "DATABASE_URL": slotownURL(t, e.relayURL, app), "MONITOR_INTERVAL": "500ms", "LOG_LEVEL": "info"}
+		return map[string]string{"HTTP_ADDR": addr, "DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, app), "MONITOR_INTERVAL": "500ms", "LOG_LEVEL": "info"}
 	}
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	a := e.startProcess(vars(addrA, "mon_a"))
@@ -296,16 +281,11 @@ func monitorSubset(s map[string]float64) map[string]float64 {
 // refresh, nor while the monitor is not fresh.
 func monitorValue(t *testing.T, reg *prometheus.Registry, name string) (float64, bool) {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	mf := testenv.Family(t, reg, name)
+	if mf == nil {
+		return 0, false
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue(), true
-		}
-	}
-	return 0, false
+	return mf.GetMetric()[0].GetGauge().GetValue(), true
 }
 
 // monitorGauge waits (30 s at most) until the relay exports the monitor

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"sort"
 	"strings"
 	"syscall"
@@ -21,20 +20,6 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
-
-// slotownURL is the relay's URL with its own application_name, so that
-// PostgreSQL's statistics tell its backends apart from another relay's.
-func slotownURL(t *testing.T, raw, app string) string {
-	t.Helper()
-	u, err := url.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("application_name", app)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
 
 // slotownBackend is one backend of a relay as pg_stat_activity shows it.
 type slotownBackend struct {
@@ -136,9 +121,9 @@ func TestIntegrationStandbyZeroPolling(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = stats.Close(context.Background()) })
 	quiet := map[string]string{"MONITOR_INTERVAL": "1h"}
-	a := e.startRelay(map[string]string{"DATABASE_URL": slotownURL(t, e.relayURL, "slotown_a"), "MONITOR_INTERVAL": "1h"})
+	a := e.startRelay(map[string]string{"DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, "slotown_a"), "MONITOR_INTERVAL": "1h"})
 	a.waitStreaming(t)
-	quiet["DATABASE_URL"] = slotownURL(t, e.relayURL, "slotown_b")
+	quiet["DATABASE_URL"] = testenv.WithApplicationName(t, e.relayURL, "slotown_b")
 	b := e.startRelay(quiet)
 	b.WaitFor(t, 30*time.Second, "standby", func() bool { return b.relay.Role() == relay.RoleStandby })
 	slotownWaitingOnLock(t, stats, "slotown_b", 10*time.Second)
@@ -194,7 +179,7 @@ func TestIntegrationStandbyZeroPolling(t *testing.T) {
 func slotownStandbyProcess(t *testing.T, e *env, stats *pgx.Conn, name string) (*testenv.Process, string) {
 	t.Helper()
 	addr := freeAddr(t)
-	p := e.startProcess(map[string]string{"HTTP_ADDR": addr, "DATABASE_URL": slotownURL(t, e.relayURL, name), "LOG_LEVEL": "info"})
+	p := e.startProcess(map[string]string{"HTTP_ADDR": addr, "DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, name), "LOG_LEVEL": "info"})
 	waitReady(t, addr, "standby", 30*time.Second)
 	slotownWaitingOnLock(t, stats, name, 10*time.Second)
 	return p, addr
@@ -207,7 +192,7 @@ func TestIntegrationTakeoverAfterKill(t *testing.T) {
 	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	addr := freeAddr(t)
-	cur := e.startProcess(map[string]string{"HTTP_ADDR": addr, "DATABASE_URL": slotownURL(t, e.relayURL, "slotown_0"), "LOG_LEVEL": "info"})
+	cur := e.startProcess(map[string]string{"HTTP_ADDR": addr, "DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, "slotown_0"), "LOG_LEVEL": "info"})
 	waitReady(t, addr, "streaming", 30*time.Second)
 	var all []row
 	var took []time.Duration
@@ -253,9 +238,9 @@ func TestIntegrationTakeoverAfterKill(t *testing.T) {
 // standby takes over, and the consumer gets every event.
 func TestIntegrationFencedOnLockLoss(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	a := e.startRelay(map[string]string{"DATABASE_URL": slotownURL(t, e.relayURL, "slotown_a")})
+	a := e.startRelay(map[string]string{"DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, "slotown_a")})
 	a.waitStreaming(t)
-	b := e.startRelay(map[string]string{"DATABASE_URL": slotownURL(t, e.relayURL, "slotown_b")})
+	b := e.startRelay(map[string]string{"DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, "slotown_b")})
 	b.WaitFor(t, 30*time.Second, "standby", func() bool { return b.relay.Role() == relay.RoleStandby })
 	slotownWaitingOnLock(t, e.db, "slotown_b", 10*time.Second)
 	walsender := testenv.Walsender(t, e.db, slotName)
@@ -506,9 +491,9 @@ func TestIntegrationLockIgnoresRoleTimeouts(t *testing.T) {
 	if _, err := e.db.Exec(context.Background(), `ALTER ROLE cdcrelay_app SET statement_timeout = '1s'; ALTER ROLE cdcrelay_app SET lock_timeout = '1s'; ALTER ROLE cdcrelay_app SET idle_session_timeout = '2s'`); err != nil {
 		t.Fatal(err)
 	}
-	a := e.startRelay(map[string]string{"DATABASE_URL": slotownURL(t, e.relayURL, "slotown_a")})
+	a := e.startRelay(map[string]string{"DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, "slotown_a")})
 	a.waitStreaming(t)
-	b := e.startRelay(map[string]string{"DATABASE_URL": slotownURL(t, e.relayURL, "slotown_b")})
+	b := e.startRelay(map[string]string{"DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, "slotown_b")})
 	b.WaitFor(t, 30*time.Second, "standby", func() bool { return b.relay.Role() == relay.RoleStandby })
 	waiting := slotownWaitingOnLock(t, e.db, "slotown_b", 10*time.Second)
 	holder := slotownLockHolder(t, e.db)

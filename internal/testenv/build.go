@@ -12,7 +12,7 @@ import (
 
 // Builds builds cmd/cdcrelay for process tests, once per flavour (race
 // detector, build tags) per test binary. A test package keeps one in a
-// package variable and calls Remove from its TestMain.
+// package variable and calls Main from its TestMain (or Remove from its own).
 type Builds struct {
 	mu   sync.Mutex
 	dir  string
@@ -52,6 +52,14 @@ func (b *Builds) Relay(tb testing.TB, race bool, tags string) string {
 	}
 	b.bins[key] = bin
 	return bin
+}
+
+// Main is a process-test package's TestMain: it runs the tests, deletes
+// every binary built, and exits with the tests' code.
+func (b *Builds) Main(m *testing.M) {
+	code := m.Run()
+	b.Remove()
+	os.Exit(code)
 }
 
 // Remove deletes every binary built.

@@ -3,8 +3,6 @@ package testenv
 import (
 	"context"
 	"errors"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -50,24 +48,6 @@ func WaitCount(tb testing.TB, c *Consumer, n int, within time.Duration) {
 	if err := c.WaitCount(ctx, n); err != nil {
 		tb.Fatal(err)
 	}
-}
-
-// Buffer collects a process's output from several goroutines.
-type Buffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *Buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *Buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // Walsender returns the pid of the walsender streaming the slot, 0 when the

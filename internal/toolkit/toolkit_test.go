@@ -7,9 +7,10 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
 func TestPercentile(t *testing.T) {
@@ -71,25 +72,6 @@ func TestTail(t *testing.T) {
 	}
 }
 
-func TestBufferConcurrentWrites(t *testing.T) {
-	var b Buffer
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 100 {
-				_, _ = b.Write([]byte("x"))
-				_ = b.String()
-			}
-		}()
-	}
-	wg.Wait()
-	if got := len(b.String()); got != 800 {
-		t.Fatalf("buffer holds %d bytes, want 800", got)
-	}
-}
-
 func TestEnv(t *testing.T) {
 	t.Setenv("CDCRELAY_EXCHANGE", "theirs")
 	t.Setenv("CDCRELAY_LOG_LEVEL", "debug")
@@ -102,7 +84,7 @@ func TestEnv(t *testing.T) {
 
 // flushBuffer records that Start flushed it.
 type flushBuffer struct {
-	Buffer
+	testenv.Buffer
 	flushed chan struct{}
 }
 
