@@ -338,10 +338,10 @@ func TestNotesPolicy(t *testing.T) {
 	t.Parallel()
 	notes := renderNotes(t, []string{"policy.yaml"})
 	for _, want := range []string{
-		"-- rel-cdcrelay-billing (Secret billing-db)\n  ALTER ROLE <role> REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO <role>;\n" +
-			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO <role>;\n  GRANT CONNECT ON DATABASE relay_locks TO <role>;",
-		"-- rel-cdcrelay-orders (Secret orders-db)\n  ALTER ROLE <role> REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO <role>;\n" +
-			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO <role>;\n  GRANT CONNECT ON DATABASE postgres TO <role>;",
+		"-- rel-cdcrelay-billing (Secret billing-db)\n  ALTER ROLE cdcrelay REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO cdcrelay;\n" +
+			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO cdcrelay;\n  GRANT CONNECT ON DATABASE relay_locks TO cdcrelay;",
+		"-- rel-cdcrelay-orders (Secret orders-db)\n  ALTER ROLE cdcrelay REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO cdcrelay;\n" +
+			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO cdcrelay;\n  GRANT CONNECT ON DATABASE postgres TO cdcrelay;",
 		"rabbitmqadmin declare exchange name=events.dead type=topic durable=true",
 	} {
 		if !strings.Contains(notes, want) {
