@@ -20,7 +20,7 @@ func TestExplainDenied(t *testing.T) {
 		t.Errorf("explainDenied:\n got %s\nwant %s", got, want)
 	}
 	other := errors.New("connection refused")
-	if got := j.explainDenied(other); got != other {
+	if got := j.explainDenied(other); got.Error() != other.Error() {
 		t.Errorf("explainDenied changed another error: %v", got)
 	}
 }
