@@ -935,3 +935,19 @@ func expectRejected(t *testing.T, file, want string, schema bool) {
 		t.Errorf("helm lint rejected %s, but not with %q:\n%s%s", file, want, lout, lerr)
 	}
 }
+
+// TestGraceReadsGoDurations: the default terminationGracePeriodSeconds is
+// shutdownTimeout rounded up plus 15s for every form the schema lets through,
+// decimals and small units included.
+func TestGraceReadsGoDurations(t *testing.T) {
+	t.Parallel()
+	for timeout, want := range map[string]int64{
+		"1.5m": 105, "2500ms": 18, "0.5s": 16, "1h0.5s": 3616, "90000000000ns": 105, "1500000us": 17, "250µs": 16, "1m30s": 105, "0.1s0.2s": 16,
+	} {
+		r := render(t, []string{"single.yaml"}, "--set", "defaults.shutdownTimeout="+timeout)
+		d := r.Deployment(t, "rel-cdcrelay")
+		if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != want {
+			t.Errorf("shutdownTimeout %s: terminationGracePeriodSeconds %v, want %d", timeout, g, want)
+		}
+	}
+}

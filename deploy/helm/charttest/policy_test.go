@@ -255,6 +255,7 @@ func TestRejectsBadPolicyValues(t *testing.T) {
 		{"zero-backoffMin.yaml", "at '/defaults/backoffMin'", true},
 		{"zero-backoffMax.yaml", "at '/defaults/backoffMax'", true},
 		{"small-in-flight-bytes.yaml", "at '/defaults/maxInFlightBytes'", true},
+		{"backoff-max-below-min.yaml", `source "orders": backoffMax (1.5s) is below backoffMin (2s)`, false},
 		{"extra-env-shadows-value.yaml", "extraEnv CDCRELAY_POISON is already set by the chart value `poison`: set `poison`", false},
 		{"extra-env-http-addr.yaml", "extraEnv CDCRELAY_HTTP_ADDR is fixed by the chart to :8080", false},
 	}
