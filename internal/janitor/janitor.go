@@ -250,7 +250,22 @@ func (j *Janitor) turn(ctx context.Context) {
 	wait := jitter(j.backoff)
 	j.retryAt = time.Now().Add(wait)
 	j.metrics.errors.Inc()
-	j.log.Warn("janitor could not write; will retry", "error", err, "retry_in", wait.Round(time.Millisecond), "queued", j.Pending())
+	j.log.Warn("janitor could not write; will retry", "error", j.explainDenied(err), "retry_in", wait.Round(time.Millisecond), "queued", j.Pending())
+}
+
+// explainDenied adds to a permission error (42501) the privilege the
+// janitor needs, with the statement that grants it, so the repeating
+// warning says more than "permission denied for table".
+func (j *Janitor) explainDenied(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		return err
+	}
+	table, role := pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize(), "<role>"
+	if c, perr := pgx.ParseConfig(j.opts.DatabaseURL); perr == nil && c.User != "" {
+		role = pgx.Identifier{c.User}.Sanitize()
+	}
+	return fmt.Errorf("%w: the relay's role needs UPDATE (published_at, attempts, last_error) on %s to mark rows published: GRANT UPDATE (published_at, attempts, last_error) ON %s TO %s; (docs/least-privilege.md)", err, table, table, role)
 }
 
 // writeOrLearn writes, and reports whether the failure, if any, says that

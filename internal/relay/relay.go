@@ -175,6 +175,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			backoff = min(2*backoff, r.cfg.BackoffMax)
 			r.metrics.restarts.Inc()
 			r.log.Error("pipeline failed; restarting both sides from the slot", "error", err, "retry_in", wait.Round(time.Millisecond))
+			r.setDetail(r.retryDetail(err)) // /readyz says why until the next session streams
 		}
 		select {
 		case <-time.After(wait):
@@ -452,6 +453,7 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	r.log.Info("streaming", "from", start, "status_interval", interval)
 	r.alive.Store(time.Now().UnixNano())
 	r.setRole(RoleStreaming)
+	r.setDetail("")
 
 	stopping, readerDone := markerStopping(r.marker), make(chan struct{})
 	g.Go(func() error { defer close(readerDone); return reader.Run(gctx) })
