@@ -5,12 +5,14 @@ package migrations
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed *.sql
@@ -56,10 +58,21 @@ func ApplyTo(ctx context.Context, db *pgx.Conn, t Target) error {
 			})
 		}
 		if err != nil {
-			return fmt.Errorf("apply %s: %w", name, err)
+			return fmt.Errorf("apply %s: %w", name, ownerHint(err))
 		}
 	}
 	return nil
+}
+
+// ownerHint adds to a permission error (SQLSTATE 42501) who may run the
+// migrations: the usual mistake is running them as the relay's own
+// least-privilege role, which may neither create nor alter the table.
+func ownerHint(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return fmt.Errorf("%w: run migrate as the outbox table's owner (or a role that may create it)", err)
+	}
+	return err
 }
 
 // noTransaction starts a file that must run outside a transaction block.

@@ -80,17 +80,7 @@ func loadConfig(ctx context.Context, stderr io.Writer) (config.Config, *slog.Log
 	if err != nil {
 		return cfg, nil, fmt.Errorf("configuration:\n%w", err)
 	}
-	level, _ := cfg.Level()
-	opts := &slog.HandlerOptions{Level: level}
-	var h slog.Handler = slog.NewTextHandler(stderr, opts)
-	if cfg.LogFormat == "json" {
-		h = slog.NewJSONHandler(stderr, opts)
-	}
-	db := "?"
-	if pc, err := pgx.ParseConfig(cfg.DatabaseURL); err == nil {
-		db = pc.Database
-	}
-	return cfg, slog.New(h).With("slot", cfg.Slot, "database", db), nil
+	return cfg, newLogger(cfg, stderr).With("slot", cfg.Slot), nil
 }
 
 func runRelay(ctx context.Context, stderr io.Writer) error {
@@ -207,10 +197,11 @@ func httpHandler(reg *prometheus.Registry, r *relay.Relay) http.Handler {
 }
 
 func migrate(ctx context.Context, stderr io.Writer) error {
-	cfg, log, err := loadConfig(ctx, stderr)
+	cfg, _, err := loadConfig(ctx, stderr)
 	if err != nil {
 		return err
 	}
+	log := newLogger(cfg, stderr) // no slot: migrate has none
 	db, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("connect to database: %w", pgerr.Connect(err))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -127,9 +128,11 @@ func TestChartSchemaMirrorsTheRelay(t *testing.T) {
 		def, key string // schema definition, a variable of that kind
 		values   map[string]bool
 	}{
-		{"goDuration", "MARK_INTERVAL", map[string]bool{
-			"100ms": true, "15s": true, "1m30s": true, "1.5h": true, "250us": true, "2h45m10s": true,
-			"0s": false, "0": false, "100": false, "1d": false, "15 s": false, "-1s": false, "1x": false, "": false,
+		{"duration", "MARK_INTERVAL", durationValues},
+		{"duration", "CONFIRM_TIMEOUT", durationValues},
+		{"nonNegativeDuration", "AMQP_HEARTBEAT", map[string]bool{
+			"10s": true, "0": true, "0s": true, "1.5h": true, "250µs": true, ".5s": true,
+			"-1s": false, "10": false, "1d": false, "10 s": false, "": false,
 		}},
 		{"dayDuration", "RETENTION", map[string]bool{
 			"7d": true, "1d12h": true, "36h": true, "90m": true, "1d30m": true, "1.5h": true,
@@ -159,6 +162,164 @@ func TestChartSchemaMirrorsTheRelay(t *testing.T) {
 	}
 }
 
+// durationValues are the cases for a positive Go duration.
+var durationValues = map[string]bool{
+	"100ms": true, "15s": true, "1m30s": true, "1.5h": true, "250us": true, "250µs": true, "2h45m10s": true, "1.5s": true, "10ns": true, "0.5s": true,
+	"0s": false, "0": false, "0.0h": false, "0h0m": false, "100": false, "1d": false, "15 s": false, "-1s": false, "1x": false, "": false,
+}
+
+// node is the part of a JSON schema the property test evaluates: enough for
+// the chart's numeric, duration and size values.
+type node struct {
+	Ref     string   `json:"$ref"`
+	Type    any      `json:"type"`
+	Pattern string   `json:"pattern"`
+	Minimum *float64 `json:"minimum"`
+	Maximum *float64 `json:"maximum"`
+	Not     *node    `json:"not"`
+	AnyOf   []*node  `json:"anyOf"`
+}
+
+// accepts evaluates n for a string or int value, as Helm's validator would.
+func (n *node) accepts(t *testing.T, defs map[string]*node, v any) bool {
+	t.Helper()
+	if n.Ref != "" {
+		d, ok := defs[strings.TrimPrefix(n.Ref, "#/$defs/")]
+		if !ok {
+			t.Fatalf("no definition %s", n.Ref)
+		}
+		if !d.accepts(t, defs, v) {
+			return false
+		}
+	}
+	kind := "string"
+	if _, ok := v.(int); ok {
+		kind = "integer"
+	}
+	switch ty := n.Type.(type) {
+	case string:
+		if ty != kind {
+			return false
+		}
+	case []any:
+		if !slices.Contains(ty, any(kind)) {
+			return false
+		}
+	}
+	if s, ok := v.(string); ok && n.Pattern != "" && !regexp.MustCompile(n.Pattern).MatchString(s) {
+		return false
+	}
+	if i, ok := v.(int); ok && ((n.Minimum != nil && float64(i) < *n.Minimum) || (n.Maximum != nil && float64(i) > *n.Maximum)) {
+		return false
+	}
+	if n.Not != nil && n.Not.accepts(t, defs, v) {
+		return false
+	}
+	if len(n.AnyOf) > 0 && !slices.ContainsFunc(n.AnyOf, func(a *node) bool { return a.accepts(t, defs, v) }) {
+		return false
+	}
+	return true
+}
+
+// snake turns a chart value name into the relay's variable: maxInFlightBytes
+// is MAX_IN_FLIGHT_BYTES.
+func snake(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r >= 'A' && r <= 'Z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return strings.ToUpper(b.String())
+}
+
+// TestChartSchemaPropertiesMirrorTheRelay: every number, duration and size a
+// chart value sets (in defaults and on a source) is refused by the schema
+// exactly when the relay refuses it: zero, negative, below or above a bound.
+func TestChartSchemaPropertiesMirrorTheRelay(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Defs map[string]*node `json:"$defs"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	var props struct {
+		Defs map[string]struct {
+			Properties map[string]*node `json:"properties"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(b, &props); err != nil {
+		t.Fatal(err)
+	}
+	sizes := []any{"0", "0B", "100B", "1023", "1023B", "1024", "1KiB", "512KiB", "16MiB", "1GiB", 0, 1, 1023, 1024, 16777216, -1}
+	var durations []any
+	for v := range durationValues {
+		if v != "" {
+			durations = append(durations, v)
+		}
+	}
+	durations = append(durations, "0.5d", "7d", "1d12h", "-7d", "0d")
+	// other holds a partner variable, so a cross-variable rule does not decide.
+	other := map[string]map[string]string{
+		"BACKOFF_MIN": {"BACKOFF_MAX": "1000h"},
+		"BACKOFF_MAX": {"BACKOFF_MIN": "1ns"},
+	}
+	relay := relayNames()
+	checked := 0
+	for _, where := range []string{"defaults", "source"} {
+		for prop, n := range props.Defs[where].Properties {
+			key := snake(prop)
+			if !slices.Contains(relay, key) {
+				continue
+			}
+			var values []any
+			switch {
+			case n.Ref == "#/$defs/byteSize":
+				values = sizes
+			case strings.HasSuffix(n.Ref, "Duration") || n.Ref == "#/$defs/duration":
+				values = durations
+			case n.Minimum != nil || n.Maximum != nil:
+				for _, m := range []*float64{n.Minimum, n.Maximum} {
+					if m != nil {
+						values = append(values, int(*m)-1, int(*m), int(*m)+1)
+					}
+				}
+				values = append(values, 0, -1)
+			default:
+				continue
+			}
+			checked++
+			for _, v := range values {
+				s := fmt.Sprint(v)
+				env := map[string]string{config.Prefix + "DATABASE_URL": "postgres://u@db/app", config.Prefix + key: s}
+				for k, o := range other[key] {
+					env[config.Prefix+k] = o
+				}
+				_, err := config.LoadFrom(context.Background(), envconfig.MapLookuper(env))
+				var ce *config.Error
+				if err != nil && !errors.As(err, &ce) {
+					t.Fatalf("%s=%q: %v", key, s, err)
+				}
+				if got, want := n.accepts(t, schema.Defs, v), err == nil; got != want {
+					t.Errorf("schema %s.%s accepts %#v: %v, but the relay %s%s=%s: %v (%v)", where, prop, v, got, config.Prefix, key, s, want, err)
+				}
+			}
+		}
+	}
+	// confirmTimeout, statusInterval, shutdownTimeout, backoffMin, backoffMax,
+	// amqpHeartbeat, markInterval, monitorInterval, retention, retentionInterval,
+	// maxInFlight, maxInFlightBytes, publishChannels, markBatch, retentionBatch,
+	// maxMessageBytes: in defaults and on a source.
+	if checked < 32 {
+		t.Errorf("only %d chart values compared with the relay", checked)
+	}
+}
+
 // TestChartSchemaPolicyEnums: the chart offers exactly the relay's choices.
 func TestChartSchemaPolicyEnums(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
@@ -184,6 +345,48 @@ func TestChartSchemaPolicyEnums(t *testing.T) {
 			if got := schema.Defs[where].Properties[key].Enum; !reflect.DeepEqual(got, w) {
 				t.Errorf("schema %s.%s: enum %v, want %v", where, key, got, w)
 			}
+		}
+	}
+}
+
+// TestChartSchemaKnowsTheRelayVariables: the schema's list of CDCRELAY_ names an
+// extraEnv entry may use (so `helm lint` refuses a typo) is the relay's list,
+// in the order of _helpers.tpl's, which TestChartKnowsTheRelayVariables checks.
+func TestChartSchemaKnowsTheRelayVariables(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Defs struct {
+			EnvVar struct {
+				Properties struct {
+					Name struct {
+						AnyOf []struct {
+							Enum []string `json:"enum"`
+						} `json:"anyOf"`
+					} `json:"name"`
+				} `json:"properties"`
+			} `json:"envVar"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	var enum []string
+	for _, a := range schema.Defs.EnvVar.Properties.Name.AnyOf {
+		enum = append(enum, a.Enum...)
+	}
+	var want []string
+	for _, n := range chartNames(t) {
+		want = append(want, config.Prefix+n)
+	}
+	if !slices.Equal(enum, want) {
+		t.Errorf("values.schema.json $defs/envVar name enum:\n%v\nwant (cdcrelay.relayVariables):\n%v", enum, want)
+	}
+	for _, n := range relayNames() {
+		if !slices.Contains(enum, config.Prefix+n) {
+			t.Errorf("the relay reads %s%s but the schema's extraEnv enum lacks it", config.Prefix, n)
 		}
 	}
 }

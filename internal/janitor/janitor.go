@@ -246,7 +246,7 @@ func (j *Janitor) turn(ctx context.Context) {
 	wait := jitter(j.backoff)
 	j.retryAt = time.Now().Add(wait)
 	j.metrics.errors.Inc()
-	j.log.Warn("janitor could not write; will retry", "error", err, "retry_in", wait.Round(time.Millisecond), "queued", j.Pending())
+	j.log.Warn("janitor could not write; will retry", "error", j.explainDenied(err), "retry_in", wait.Round(time.Millisecond), "queued", j.Pending())
 }
 
 // writeOrLearn writes, and reports whether the failure, if any, says that

@@ -262,3 +262,18 @@ func (j *Janitor) flushOnExit() {
 		j.log.Warn("could not write the last marks; their events will be published and marked again on the next start", "error", err)
 	}
 }
+
+// explainDenied adds to a permission error (42501) the privilege the
+// janitor needs, with the statement that grants it, so the repeating
+// warning says more than "permission denied for table".
+func (j *Janitor) explainDenied(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != pgerr.InsufficientPrivilege {
+		return err
+	}
+	table, role := pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize(), "<role>"
+	if c, perr := pgx.ParseConfig(j.opts.DatabaseURL); perr == nil && c.User != "" {
+		role = pgx.Identifier{c.User}.Sanitize()
+	}
+	return fmt.Errorf("%w: the relay's role needs UPDATE (published_at, attempts, last_error) on %s to mark rows published: GRANT UPDATE (published_at, attempts, last_error) ON %s TO %s; (docs/least-privilege.md)", err, table, table, role)
+}

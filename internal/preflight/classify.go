@@ -182,8 +182,16 @@ func classifyPrivileges(t target, r roleFacts) []Finding {
 		case r.updatePublishedAt:
 			have = append(have, "UPDATE (published_at)")
 		default:
-			missing("UPDATE (published_at)"+on, "it marks acknowledged rows published",
-				fmt.Sprintf("GRANT UPDATE (published_at) ON %s TO %s;", t.qualified(), role))
+			// One grant for every column it updates: the park columns the
+			// role lacks too, so their warning below need not repeat it.
+			cols := append([]string{publishedAtColumn}, r.cannotPark...)
+			why := "it marks acknowledged rows published"
+			if len(r.cannotPark) > 0 {
+				why += " (and records " + strings.Join(r.cannotPark, ", ") + " on parked poison rows)"
+			}
+			missing("UPDATE ("+strings.Join(cols, ", ")+")"+on, why,
+				fmt.Sprintf("GRANT UPDATE (%s) ON %s TO %s;", strings.Join(cols, ", "), t.qualified(), role))
+			r.cannotPark = nil
 		}
 		if r.deletePriv {
 			have = append(have, "DELETE")

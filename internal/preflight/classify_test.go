@@ -211,6 +211,14 @@ func TestClassifyPrivilegesNamesEachMissingOne(t *testing.T) {
 	if fs := classifyPrivileges(tgt, r); len(fs) != 2 || fs[0].Severity != Warn || !strings.Contains(fs[0].Remedy, "GRANT UPDATE (published_at, attempts, last_error)") || fs[1].Severity != OK {
 		t.Errorf("parking columns not updatable: %+v", fs)
 	}
+	// No UPDATE at all: one error with the whole grant, no warning repeating it.
+	r = all
+	r.updatePublishedAt, r.cannotPark = false, []string{"attempts", "last_error"}
+	if fs := classifyPrivileges(tgt, r); len(fs) != 1 || fs[0].Severity != Error ||
+		!strings.Contains(fs[0].Message, "lacks UPDATE (published_at, attempts, last_error) on public.event_outbox") ||
+		fs[0].Remedy != "GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO relay;" {
+		t.Errorf("no UPDATE grant: want one error with the full grant, got %+v", fs)
+	}
 	r = all
 	r.replication, r.rdsReplication = false, true
 	if fs := classifyPrivileges(tgt, r); fs[0].Severity != OK {

@@ -3,11 +3,13 @@ package relay
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
@@ -22,6 +24,30 @@ func (r *Relay) Status() string {
 }
 
 func (r *Relay) setDetail(d string) { r.detail.Store(&d) }
+
+// retryDetailMax bounds the error /readyz shows: enough for the cause
+// (a missing exchange, a refused grant), short enough for a probe's body
+// and `kubectl describe`.
+const retryDetailMax = 200
+
+// retryDetail is the status detail while the relay backs off after a
+// failed session: the error that ended it, so /readyz says what the relay
+// waits for (docs/runbook.md). The passwords of both URLs are scrubbed
+// from it, as preflight scrubs what it prints (config.Secrets), though
+// the stages' errors never quote them.
+func (r *Relay) retryDetail(err error) string {
+	msg := err.Error()
+	for _, u := range []string{r.cfg.DatabaseURL, r.cfg.AMQPURL} {
+		for _, pw := range config.Secrets(u) {
+			msg = strings.ReplaceAll(msg, pw, "xxxxx")
+		}
+	}
+	msg = strings.Join(strings.Fields(msg), " ") // one line for the probe's body
+	if rs := []rune(msg); len(rs) > retryDetailMax {
+		msg = string(rs[:retryDetailMax]) + "…"
+	}
+	return "retrying after: " + msg
+}
 
 // Owner reports whether this relay holds the slot lock now: it is the one
 // relay working on the slot, whether creating it, publishing its snapshot

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -91,4 +92,44 @@ func TestIntegrationPublicationBeforeSlot(t *testing.T) {
 	}
 	rows, _ := insertTxns(t, e.db, "k", 10)
 	waitAll(t, e.consumer, rows, 30*time.Second)
+}
+
+// TestIntegrationMigrateAsRelayRole: migrate run as a role that may not
+// create the table (the relay's own, by mistake) fails saying who should run it.
+func TestIntegrationMigrateAsRelayRole(t *testing.T) {
+	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
+	ctx := context.Background()
+	if err := pg.CreateDatabase(ctx, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	db, err := pgx.Connect(ctx, pg.URL("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	relayURL := leastPrivilegeRoleWithoutTable(t, db, pg.URL("orders"))
+	cmd := exec.Command(relayBinary(t), "migrate")
+	cmd.Env = append(os.Environ(), config.Prefix+"DATABASE_URL="+relayURL)
+	out, err := cmd.CombinedOutput()
+	if !isExit(err, 1) || !strings.Contains(string(out), "(SQLSTATE 42501): run migrate as the outbox table's owner (or a role that may create it)") {
+		t.Fatalf("migrate as the relay's role: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), relayRolePassword) {
+		t.Errorf("migrate printed the password:\n%s", out)
+	}
+}
+
+// leastPrivilegeRoleWithoutTable is the relay's login role in a database
+// whose outbox does not exist yet; it returns the URL to connect as it.
+func leastPrivilegeRoleWithoutTable(t *testing.T, db *pgx.Conn, superURL string) string {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), `CREATE ROLE cdcrelay_app LOGIN REPLICATION PASSWORD '`+relayRolePassword+`'`); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(superURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("cdcrelay_app", relayRolePassword)
+	return u.String()
 }

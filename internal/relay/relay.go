@@ -178,6 +178,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			backoff = min(2*backoff, r.cfg.BackoffMax)
 			r.metrics.restarts.Inc()
 			r.log.Error("pipeline failed; restarting both sides from the slot", "error", err, "retry_in", wait.Round(time.Millisecond))
+			r.setDetail(r.retryDetail(err)) // /readyz says why until the next session streams
 		}
 		select {
 		case <-time.After(wait):

@@ -45,6 +45,7 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	r.log.Info("streaming", "from", start, "status_interval", interval)
 	r.touch()
 	r.setRole(RoleStreaming)
+	r.setDetail("")
 
 	stopping, readerDone := outcomesStopping(r.outcomes), make(chan struct{})
 	g.Go(func() error { defer close(readerDone); return reader.Run(gctx) })

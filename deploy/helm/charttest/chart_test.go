@@ -814,6 +814,20 @@ data:
 	return r.ConfigMaps[0].Data["notes"]
 }
 
+// TestNotesQuotedAndOwnImage: migrate's line carries a quoted table and
+// publication for the shell; an image of one's own silences the warning.
+func TestNotesQuotedAndOwnImage(t *testing.T) {
+	t.Parallel()
+	notes := renderNotes(t, []string{"quoted.yaml", "image.yaml"})
+	want := `CDCRELAY_TABLE='"Billing"."Outbox Events"' CDCRELAY_PUBLICATION='"Billing Pub"' cdcrelay migrate`
+	if !strings.Contains(notes, want) {
+		t.Errorf("notes lack %q:\n%s", want, notes)
+	}
+	if strings.Contains(notes, "WARNING") {
+		t.Errorf("notes warn about an image that is set:\n%s", notes)
+	}
+}
+
 func TestNotes(t *testing.T) {
 	t.Parallel()
 	notes := renderNotes(t, []string{"multi.yaml"})
@@ -824,8 +838,8 @@ func TestNotes(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"owner of the outbox table", "cdcrelay migrate", "4 relay Deployment(s)",
-		"GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO <role>;", "publish_via_partition_root = true",
-		"GRANT CONNECT ON DATABASE postgres TO <role>;", "GRANT SELECT, DELETE ON public.event_outbox TO <role>;", "ALTER ROLE <role> REPLICATION;",
+		"GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO cdcrelay;", "publish_via_partition_root = true",
+		"GRANT CONNECT ON DATABASE postgres TO cdcrelay;", "GRANT SELECT, DELETE ON public.event_outbox TO cdcrelay;", "ALTER ROLE cdcrelay REPLICATION;",
 		// The exchanges, before install, and what an unbound routing key does.
 		"rabbitmqadmin declare exchange name=events type=topic durable=true",
 		"rabbitmqadmin declare exchange name=billing type=topic durable=true",
@@ -838,6 +852,19 @@ func TestNotes(t *testing.T) {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}
+	}
+	// migrate, one line per source with its table and publication; the image warning.
+	for _, pub := range []string{"cdcrelay_orders", "cdcrelay_billing_v2", "shipping_outbox_pub", "cdcrelay_legacy"} {
+		want := "CDCRELAY_DATABASE_URL='postgres://OWNER@HOST/DB' CDCRELAY_TABLE='public.event_outbox' CDCRELAY_PUBLICATION='" + pub + "' cdcrelay migrate"
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+	if strings.Contains(notes, "<table>") || strings.Contains(notes, "<publication>") || strings.Contains(notes, "<role>") {
+		t.Errorf("notes keep a placeholder the chart knows:\n%s", notes)
+	}
+	if !strings.Contains(notes, "WARNING: the image is the chart's default, ghcr.io/cdcrelay/cdcrelay:") || !strings.Contains(notes, "nothing publishes this image; build it with make image and push it") {
+		t.Errorf("notes do not warn about the default image:\n%s", notes)
 	}
 	if strings.Contains(notes, "exec deploy/rel-cdcrelay-legacy") || strings.Count(notes, "rabbitmqadmin declare exchange name=events type=topic") != 1 {
 		t.Errorf("notes: a check for the paused source, or an exchange listed twice:\n%s", notes)
@@ -906,5 +933,21 @@ func expectRejected(t *testing.T, file, want string, schema bool) {
 	}
 	if !strings.Contains(lout+lerr, want) {
 		t.Errorf("helm lint rejected %s, but not with %q:\n%s%s", file, want, lout, lerr)
+	}
+}
+
+// TestGraceReadsGoDurations: the default terminationGracePeriodSeconds is
+// shutdownTimeout rounded up plus 15s for every form the schema lets through,
+// decimals and small units included.
+func TestGraceReadsGoDurations(t *testing.T) {
+	t.Parallel()
+	for timeout, want := range map[string]int64{
+		"1.5m": 105, "2500ms": 18, "0.5s": 16, "1h0.5s": 3616, "90000000000ns": 105, "1500000us": 17, "250µs": 16, "1m30s": 105, "0.1s0.2s": 16,
+	} {
+		r := render(t, []string{"single.yaml"}, "--set", "defaults.shutdownTimeout="+timeout)
+		d := r.Deployment(t, "rel-cdcrelay")
+		if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != want {
+			t.Errorf("shutdownTimeout %s: terminationGracePeriodSeconds %v, want %d", timeout, g, want)
+		}
 	}
 }

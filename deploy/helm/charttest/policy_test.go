@@ -96,6 +96,8 @@ func TestPolicyValues(t *testing.T) {
 		"CDCRELAY_MARK_INTERVAL":        "250ms",
 		"CDCRELAY_MARK_BATCH":           "500",
 		"CDCRELAY_MONITOR_INTERVAL":     "1m30s",
+		"CDCRELAY_CONFIRM_TIMEOUT":      "1.5m",
+		"CDCRELAY_AMQP_HEARTBEAT":       "0s",
 		"CDCRELAY_PUBLISH_CHANNELS":     "4",
 		"CDCRELAY_MAX_MESSAGE_BYTES":    "8MiB",
 		"CDCRELAY_MAX_IN_FLIGHT":        "2000",
@@ -246,7 +248,14 @@ func TestRejectsBadPolicyValues(t *testing.T) {
 		{"bad-byte-size.yaml", "at '/defaults/maxMessageBytes'", true},
 		{"bad-publish-channels.yaml", "at '/defaults/publishChannels'", true},
 		{"amqp-tls-cert-without-key.yaml", "at '/source/amqpTLS'", true},
-		{"extra-env-typo.yaml", `source "orders": extraEnv CDCRELAY_POISSON is not a variable the relay reads`, false},
+		{"extra-env-typo.yaml", "at '/sources/0/extraEnv/0/name'", true},
+		{"zero-confirmTimeout.yaml", "at '/defaults/confirmTimeout'", true},
+		{"zero-statusInterval.yaml", "at '/defaults/statusInterval'", true},
+		{"zero-shutdownTimeout.yaml", "at '/defaults/shutdownTimeout'", true},
+		{"zero-backoffMin.yaml", "at '/defaults/backoffMin'", true},
+		{"zero-backoffMax.yaml", "at '/defaults/backoffMax'", true},
+		{"small-in-flight-bytes.yaml", "at '/defaults/maxInFlightBytes'", true},
+		{"backoff-max-below-min.yaml", `source "orders": backoffMax (1.5s) is below backoffMin (2s)`, false},
 		{"extra-env-shadows-value.yaml", "extraEnv CDCRELAY_POISON is already set by the chart value `poison`: set `poison`", false},
 		{"extra-env-http-addr.yaml", "extraEnv CDCRELAY_HTTP_ADDR is fixed by the chart to :8080", false},
 	}
@@ -255,6 +264,24 @@ func TestRejectsBadPolicyValues(t *testing.T) {
 			t.Parallel()
 			expectRejected(t, c.file, c.want, c.schema)
 		})
+	}
+}
+
+// TestExtraEnvTypo: a misspelt CDCRELAY_ name fails `helm lint --strict` (the
+// schema knows the relay's names), and the template's clearer message, which
+// lists them, still guards a render without the schema.
+func TestExtraEnvTypo(t *testing.T) {
+	t.Parallel()
+	files := []string{filepath.Join("bad", "extra-env-typo.yaml")}
+	args := append([]string{"lint", "--strict", chartDir, "--kube-version", kubeVersion}, valuesArgs(files)...)
+	out, stderr, err := runHelm(t, args...)
+	if err == nil || !strings.Contains(out+stderr, "at '/sources/0/extraEnv/0/name'") {
+		t.Errorf("helm lint --strict did not refuse CDCRELAY_POISSON (err %v):\n%s%s", err, out, stderr)
+	}
+	out, stderr, err = runHelm(t, templateArgs(chartDir, files, "--skip-schema-validation")...)
+	want := `source "orders": extraEnv CDCRELAY_POISSON is not a variable the relay reads (misspelt?)`
+	if err == nil || !strings.Contains(stderr, want) {
+		t.Errorf("helm template --skip-schema-validation: want %q (err %v):\n%s%s", want, err, out, stderr)
 	}
 }
 
@@ -312,10 +339,10 @@ func TestNotesPolicy(t *testing.T) {
 	t.Parallel()
 	notes := renderNotes(t, []string{"policy.yaml"})
 	for _, want := range []string{
-		"-- rel-cdcrelay-billing (Secret billing-db)\n  ALTER ROLE <role> REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO <role>;\n" +
-			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO <role>;\n  GRANT CONNECT ON DATABASE relay_locks TO <role>;",
-		"-- rel-cdcrelay-orders (Secret orders-db)\n  ALTER ROLE <role> REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO <role>;\n" +
-			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO <role>;\n  GRANT CONNECT ON DATABASE postgres TO <role>;",
+		"-- rel-cdcrelay-billing (Secret billing-db)\n  ALTER ROLE cdcrelay REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO cdcrelay;\n" +
+			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO cdcrelay;\n  GRANT CONNECT ON DATABASE relay_locks TO cdcrelay;",
+		"-- rel-cdcrelay-orders (Secret orders-db)\n  ALTER ROLE cdcrelay REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO cdcrelay;\n" +
+			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO cdcrelay;\n  GRANT CONNECT ON DATABASE postgres TO cdcrelay;",
 		"rabbitmqadmin declare exchange name=events.dead type=topic durable=true",
 	} {
 		if !strings.Contains(notes, want) {

@@ -104,18 +104,31 @@ would print as 1.6777216e+07; integers print as integers.
 {{- end }}
 
 {{/*
-Whole seconds (rounded up) in a Go duration made of h, m, s and ms parts: "1m30s" -> 90.
+Seconds (a float) in a Go duration as time.ParseDuration reads it (the schema's
+$defs/duration: ns, us, µs, ms, s, m, h parts, decimals allowed): "1m30s" -> 90,
+"1.5m" -> 90, "2500ms" -> 2.5.
+*/}}
+{{- define "cdcrelay.seconds" -}}
+{{- $d := toString . }}
+{{- $part := "([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)" }}
+{{- if not (regexMatch (printf "^(%s)+$" $part) $d) }}
+{{- fail (printf "cdcrelay: %q is not a duration such as 15s, 1m30s, 1.5h or 500ms" $d) }}
+{{- end }}
+{{- $unit := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "μs" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 }}
+{{- $total := 0.0 }}
+{{- range $p := regexFindAll $part $d -1 }}
+{{- $num := regexFind "^[0-9.]+" $p }}
+{{- $total = addf $total (mulf (float64 $num) (get $unit (trimPrefix $num $p))) }}
+{{- end }}
+{{- /* rounded to microseconds, so float noise (0.1+0.2) does not add a second */}}
+{{- round $total 6 }}
+{{- end }}
+
+{{/*
+Whole seconds, rounded up, of cdcrelay.seconds: "1.5m" -> 90, "2500ms" -> 3.
 */}}
 {{- define "cdcrelay.durationSeconds" -}}
-{{- $d := toString . }}
-{{- if not (regexMatch "^([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?$" $d) }}
-{{- fail (printf "cdcrelay: %q is not a duration such as 15s, 1m30s or 500ms" $d) }}
-{{- end }}
-{{- $h := regexFind "[0-9]+h" $d | trimSuffix "h" | atoi }}
-{{- $m := regexFind "[0-9]+m([0-9]|$)" $d | regexFind "^[0-9]+" | atoi }}
-{{- $s := regexFind "[0-9]+s" $d | trimSuffix "s" | atoi }}
-{{- $ms := regexFind "[0-9]+ms" $d | trimSuffix "ms" | atoi }}
-{{- add (mul $h 3600) (mul $m 60) $s (div (add $ms 999) 1000) }}
+{{- include "cdcrelay.seconds" . | float64 | ceil | int64 }}
 {{- end }}
 
 {{/*
@@ -202,6 +215,12 @@ Argument: dict "root" $ "out" (dict).
 {{- if ne (empty .cert) (empty .key) }}
 {{- fail (printf "cdcrelay: %s: amqpTLS.cert and amqpTLS.key go together (the client certificate and its key)" $where) }}
 {{- end }}
+{{- end }}
+{{- /* The relay refuses CDCRELAY_BACKOFF_MAX below CDCRELAY_BACKOFF_MIN (defaults 30s and 500ms). */}}
+{{- $backoffMin := include "cdcrelay.seconds" (default "500ms" $cfg.backoffMin) | float64 }}
+{{- $backoffMax := include "cdcrelay.seconds" (default "30s" $cfg.backoffMax) | float64 }}
+{{- if lt $backoffMax $backoffMin }}
+{{- fail (printf "cdcrelay: %s: backoffMax (%s) is below backoffMin (%s); the relay refuses it" $where (default "30s" $cfg.backoffMax) (default "500ms" $cfg.backoffMin)) }}
 {{- end }}
 {{- $stop := include "cdcrelay.durationSeconds" (default "15s" $cfg.shutdownTimeout) | atoi }}
 {{- if kindIs "invalid" $cfg.terminationGracePeriodSeconds }}
