@@ -9,11 +9,11 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// TestStatusSaysWhyItRetries: a relay whose exchange is missing keeps
+// TestIntegrationStatusSaysWhyItRetries: a relay whose exchange is missing keeps
 // retrying; its status (the body of /readyz) names the exchange instead of a
 // bare "starting", and drops the error once the exchange exists and the relay
 // streams.
-func TestStatusSaysWhyItRetries(t *testing.T) {
+func TestIntegrationStatusSaysWhyItRetries(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	missing := testenv.UniqueName("cdcrelay.missing")
 	r := e.startRelay(map[string]string{"EXCHANGE": missing})
