@@ -306,6 +306,7 @@ func (r *Reader) handleCopyData(data []byte) (*Event, error) {
 		if err != nil {
 			return nil, fmt.Errorf("parse keepalive: %w", err)
 		}
+		r.cfg.Metrics.keepalives.Inc()
 		r.cfg.Positions.Keepalive(ka.ServerWALEnd)
 		return nil, r.maybeSendStatus(ka.ReplyRequested)
 	case pglogrepl.XLogDataByteID:
@@ -383,6 +384,7 @@ func (r *Reader) sendStatus(pos pglogrepl.LSN) error {
 	}
 	r.sent, r.lastSent = pos, time.Now()
 	r.cfg.Metrics.confirmed.Set(float64(pos))
+	r.cfg.Metrics.statuses.Inc()
 	return nil
 }
 
