@@ -15,8 +15,8 @@ import (
 // TestIntegrationMarkStatement runs the mark statement against PostgreSQL:
 // a batch whose rows all exist (the missing-ids lookup is skipped), one
 // with a row already marked (counts as seen) and one with an id that has
-// no row (named missing), so the shortcut of issue 16 never hides a
-// missing row.
+// no row (named missing): skipping the lookup when every row was marked
+// never hides a missing row.
 func TestIntegrationMarkStatement(t *testing.T) {
 	ctx := context.Background()
 	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})

@@ -75,7 +75,7 @@ func BenchmarkParseInsert(b *testing.B) {
 // BenchmarkReceive receives one XLogData message per op from a fake
 // walsender over loopback, with the reader's reused receive context: through
 // pgconn with the context (a context watcher registered and removed per
-// message, as before issue 16), and through pgStream (the context's
+// message, as the reader once did), and through pgStream (the context's
 // deadline and cancellation put on the socket once per context).
 func BenchmarkReceive(b *testing.B) {
 	for _, bc := range []struct {

@@ -121,7 +121,7 @@ type stream interface {
 // not once per message: pgconn would register and remove a context
 // watcher at every ReceiveMessage, which at one event per transaction
 // (begin, insert, commit and a keepalive or two: four to five messages per
-// event) was about 7% of the relay's CPU (issue 16). The semantics are
+// event) was about 7% of the relay's CPU. The semantics are
 // pgconn's own DeadlineContextWatcherHandler's: a read that reaches the
 // deadline returns a timeout and leaves the connection usable.
 type pgStream struct {
