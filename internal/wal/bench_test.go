@@ -1,7 +1,12 @@
 package wal
 
 import (
+	"context"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // benchPayload is an outbox payload as the bench (cmd/cdcrelay-bench)
@@ -64,5 +69,46 @@ func BenchmarkParseInsert(b *testing.B) {
 		if _, err := Parse(msg); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkReceive receives one XLogData message per op from a fake
+// walsender over loopback, with the reader's reused receive context: through
+// pgconn with the context (a context watcher registered and removed per
+// message, as the reader once did), and through pgStream (the context's
+// deadline and cancellation put on the socket once per context).
+func BenchmarkReceive(b *testing.B) {
+	for _, bc := range []struct {
+		name    string
+		receive func(conn *pgconn.PgConn) func(context.Context) (pgproto3.BackendMessage, error)
+	}{
+		{"pgconn-ctx", func(conn *pgconn.PgConn) func(context.Context) (pgproto3.BackendMessage, error) {
+			return conn.ReceiveMessage
+		}},
+		{"pgStream", func(conn *pgconn.PgConn) func(context.Context) (pgproto3.BackendMessage, error) {
+			return (&pgStream{conn: conn}).ReceiveMessage
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			msgs := make([][]byte, b.N)
+			for i := range msgs {
+				msgs[i] = benchRow()
+			}
+			conn, _ := budgetConn(b, msgs)
+			receive := bc.receive(conn)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				m, err := receive(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, ok := m.(*pgproto3.CopyData); !ok {
+					b.Fatalf("got %T", m)
+				}
+			}
+		})
 	}
 }

@@ -8,6 +8,11 @@ type Metrics struct {
 	decoded   prometheus.Counter
 	commits   prometheus.Counter
 	confirmed prometheus.Gauge
+	// statuses counts standby status updates sent; the walsender reads and
+	// processes each one, so it is a cost of the relay on the primary.
+	statuses prometheus.Counter
+	// keepalives counts the server's keepalive messages received.
+	keepalives prometheus.Counter
 }
 
 // NewMetrics registers the stream's metrics with reg.
@@ -25,7 +30,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cdcrelay_confirmed_lsn",
 			Help: "Last position reported to PostgreSQL as flushed (the slot's confirmed position), as a number.",
 		}),
+		statuses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_status_updates_total",
+			Help: "Standby status updates sent to PostgreSQL (position reports and keepalive replies).",
+		}),
+		keepalives: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_keepalives_received_total",
+			Help: "Keepalive messages received from PostgreSQL's walsender.",
+		}),
 	}
-	reg.MustRegister(m.decoded, m.commits, m.confirmed)
+	reg.MustRegister(m.decoded, m.commits, m.confirmed, m.statuses, m.keepalives)
 	return m
 }

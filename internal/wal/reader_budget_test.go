@@ -36,7 +36,7 @@ type budgetServer struct {
 	statuses atomic.Int64
 }
 
-func (s *budgetServer) serve(t *testing.T, conn net.Conn, msgs [][]byte) {
+func (s *budgetServer) serve(t testing.TB, conn net.Conn, msgs [][]byte) {
 	backend := pgproto3.NewBackend(conn, conn)
 	go func() {
 		for {
@@ -64,7 +64,7 @@ func (s *budgetServer) serve(t *testing.T, conn net.Conn, msgs [][]byte) {
 
 // budgetConn returns a replication connection to a fake walsender that
 // streams msgs.
-func budgetConn(t *testing.T, msgs [][]byte) (*pgconn.PgConn, *budgetServer) {
+func budgetConn(t testing.TB, msgs [][]byte) (*pgconn.PgConn, *budgetServer) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,0 +1,79 @@
+package janitor
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
+)
+
+// TestIntegrationMarkStatement runs the mark statement against PostgreSQL:
+// a batch whose rows all exist (the missing-ids lookup is skipped), one
+// with a row already marked (counts as seen) and one with an id that has
+// no row (named missing): skipping the lookup when every row was marked
+// never hides a missing row.
+func TestIntegrationMarkStatement(t *testing.T) {
+	ctx := context.Background()
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pg.Close() })
+	url := pg.URL("postgres")
+	db, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close(ctx) })
+	if _, err := db.Exec(ctx, `CREATE TABLE event_outbox (id uuid PRIMARY KEY, published_at timestamptz);
+		INSERT INTO event_outbox (id) SELECT ('00000000-0000-0000-0000-00000000000' || g)::uuid FROM generate_series(1, 5) g`); err != nil {
+		t.Fatal(err)
+	}
+	j := New(Options{DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id"}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	t.Cleanup(j.closeDB)
+	if err := j.connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id := func(n int) string { return "00000000-0000-0000-0000-00000000000" + string(rune('0'+n)) }
+	batch := func(ns ...int) []entry {
+		var es []entry
+		for _, n := range ns {
+			es = append(es, entry{id: id(n)})
+		}
+		return es
+	}
+	for _, tc := range []struct {
+		name    string
+		batch   []entry
+		marked  int
+		missing []string
+	}{
+		{"all found", batch(1, 2), 2, nil},
+		{"one already marked", batch(2, 3), 1, nil},
+		{"one without a row", batch(4, 9), 1, []string{id(9)}},
+		{"only missing", batch(8), 0, []string{id(8)}},
+	} {
+		before := value(j.metrics.marked)
+		unseen, err := j.markBatch(ctx, tc.batch)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		var got []string
+		for k := range unseen {
+			got = append(got, k)
+		}
+		slices.Sort(got)
+		if n := int(value(j.metrics.marked) - before); n != tc.marked || !slices.Equal(got, tc.missing) {
+			t.Errorf("%s: marked %d, missing %v; want %d, %v", tc.name, n, got, tc.marked, tc.missing)
+		}
+	}
+	var left int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM event_outbox WHERE published_at IS NULL`).Scan(&left); err != nil || left != 1 {
+		t.Fatalf("unmarked rows %d (%v), want 1 (row 5)", left, err)
+	}
+}
