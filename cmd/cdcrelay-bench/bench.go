@@ -1,8 +1,10 @@
 package main
 
 // This file holds the bench's world and the order of its phases; each phase
-// lives in its own file: setup.go, drain.go, latency.go, pgload.go, with
-// machine.go for the report's header and report.go for the report.
+// lives in its own file: setup.go, drain.go, latency.go, bigpayload.go,
+// pgload.go (with pgsplit.go for PostgreSQL's CPU by process), with
+// machine.go for the report's header, report.go for the report and
+// targets.go for issue 16's table of targets.
 
 import (
 	"context"
@@ -138,6 +140,9 @@ func (b *bench) runPhases(ctx context.Context) error {
 	}
 	if err := b.bigTransaction(ctx); err != nil {
 		return fmt.Errorf("large transaction: %w", err)
+	}
+	if err := b.bigPayloads(ctx); err != nil {
+		return fmt.Errorf("backlog of large payloads: %w", err)
 	}
 	if err := b.pollingDrainer(ctx); err != nil {
 		return fmt.Errorf("polling drainer: %w", err)

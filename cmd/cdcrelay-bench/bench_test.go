@@ -124,11 +124,11 @@ func TestParsePhases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []latencyPhase{{1000, 1, 10 * time.Millisecond}, {5000, 10, 50 * time.Millisecond}}
+	want := []latencyPhase{{1000, 1, phaseTargets{1.5, 100 * time.Microsecond}}, {5000, 10, phaseTargets{2, 25 * time.Microsecond}}}
 	if !slices.Equal(got, want) {
 		t.Fatalf("phases %+v", got)
 	}
-	if got, err := parsePhases("3000x10"); err != nil || got[0].p99Target != 0 {
+	if got, err := parsePhases("3000x10"); err != nil || got[0].targets != (phaseTargets{}) {
 		t.Fatalf("phase without a target: %+v %v", got, err)
 	}
 	for _, bad := range []string{"", "1000", "x10", "1000x0", "10x100", "1000x1,"} {
@@ -151,8 +151,8 @@ func TestFormatting(t *testing.T) {
 	if got := mib(64 << 20); got != "64.0 MiB" {
 		t.Errorf("mib = %q", got)
 	}
-	if got := okIf(false, false); got != "" {
-		t.Errorf("no target: %q", got)
+	if got := us(22500 * time.Nanosecond); got != "22.5 µs" {
+		t.Errorf("us = %q", got)
 	}
 }
 

@@ -17,17 +17,23 @@ import (
 // latencyPhase is a paced load: rate events/s in transactions of perTx.
 type latencyPhase struct {
 	rate, perTx int
-	p99Target   time.Duration // 0: no target
+	targets     phaseTargets // zero: no targets
+}
+
+// phaseTargets are issue 16's targets for a paced phase.
+type phaseTargets struct {
+	p99Ratio float64       // most p99 commit → consumer as a multiple of the broker alone's
+	relayCPU time.Duration // most relay CPU per event
 }
 
 // defaultPhases are the issue's: 1,000 events/s one per transaction, and
 // 5,000 events/s ten per transaction.
 const defaultPhases = "1000x1,5000x10"
 
-// p99Targets are the targets for the default phases.
-var p99Targets = map[[2]int]time.Duration{
-	{1000, 1}:  10 * time.Millisecond,
-	{5000, 10}: 50 * time.Millisecond,
+// defaultTargets are the targets for the default phases.
+var defaultTargets = map[[2]int]phaseTargets{
+	{1000, 1}:  {p99Ratio: 1.5, relayCPU: 100 * time.Microsecond},
+	{5000, 10}: {p99Ratio: 2, relayCPU: 25 * time.Microsecond},
 }
 
 // parsePhases reads "RATExPER_TX,..." (e.g. "1000x1,5000x10").
@@ -40,7 +46,7 @@ func parsePhases(s string) ([]latencyPhase, error) {
 		if !ok || err1 != nil || err2 != nil || rate < 1 || perTx < 1 || perTx > rate {
 			return nil, fmt.Errorf("phase %q: want RATExPER_TX, e.g. 5000x10", part)
 		}
-		out = append(out, latencyPhase{rate: rate, perTx: perTx, p99Target: p99Targets[[2]int{rate, perTx}]})
+		out = append(out, latencyPhase{rate: rate, perTx: perTx, targets: defaultTargets[[2]int{rate, perTx}]})
 	}
 	return out, nil
 }

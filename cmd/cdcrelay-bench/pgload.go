@@ -25,6 +25,7 @@ type window struct {
 	pg, self time.Duration
 	relay    time.Duration
 	broker   time.Duration
+	backends map[int]pgProc // the cluster's backends, classified (pgsplit.go)
 	// background is how busy the machine was (cores) just before the
 	// window, while the bench itself was idle.
 	background float64
@@ -37,6 +38,11 @@ func (b *bench) sample(relayPID int) (window, error) {
 		return w, err
 	}
 	if w.pg, err = treeCPU(b.postmaster); err != nil {
+		return w, err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if w.backends, err = b.sampleBackends(sctx); err != nil {
 		return w, err
 	}
 	if w.self, err = processCPU(os.Getpid()); err != nil {
@@ -64,6 +70,7 @@ type usage struct {
 	relay     time.Duration // the relay process
 	bench     time.Duration // this process: consumer, publisher, inserter, drainer
 	broker    time.Duration // the local RabbitMQ node (0 when not found)
+	pgSplit   pgSplit       // pg by process class (pgsplit.go)
 	// background is how busy the machine was just before the window.
 	background float64
 }
@@ -76,6 +83,7 @@ func (w window) until(end window) usage {
 		relay:      end.relay - w.relay,
 		bench:      end.self - w.self,
 		broker:     max(end.broker-w.broker, 0),
+		pgSplit:    splitCPU(w.backends, end.backends, end.pg-w.pg),
 		background: w.background,
 	}
 }

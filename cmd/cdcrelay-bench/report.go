@@ -20,9 +20,6 @@ const monitorInterval = 15 * time.Second
 // memory bounded by the in-flight window).
 const rssTarget = 64 << 20
 
-// drainTarget is the least fraction of the broker ceiling a drain must reach.
-const drainTarget = 0.9
-
 // partitionTarget is the least speed-up of the partitioned drain with
 // opts.channels publish channels over the same drain with one channel.
 const partitionTarget = 1.3
@@ -81,22 +78,24 @@ func (i idleResult) allowed() int64 {
 }
 
 type results struct {
-	machine      machineInfo
-	payloadBytes int
-	ceilings     [2]rateResult
-	drain        rateResult
-	part         [2]rateResult // the partitioned drain with 1 and with opts.channels publish channels
-	partCeiling  rateResult    // the broker ceiling with opts.channels publishers, one per partition queue
-	markedAfter  time.Duration // the janitor marked the last row this long after the last delivery
-	rssBacklog   int64
-	bigTx        rateResult
-	rssBigTx     int64
-	lat, ref     []latencyResult
-	idleRelay    idleResult
-	idleDrainer  idleResult
-	drainer      rateResult
-	passThrough  []string
-	relayLog     []string // what the relays logged (LOG_LEVEL=warn: warnings and errors)
+	machine       machineInfo
+	payloadBytes  int
+	ceilings      [2]rateResult
+	drain         rateResult
+	part          [2]rateResult // the partitioned drain with 1 and with opts.channels publish channels
+	partCeiling   rateResult    // the broker ceiling with opts.channels publishers, one per partition queue
+	markedAfter   time.Duration // the janitor marked the last row this long after the last delivery
+	rssBacklog    int64
+	bigTx         rateResult
+	rssBigTx      int64
+	bigPayload    rateResult // the drain of opts.bigPayloads events of bigPayloadBytes
+	rssBigPayload int64
+	lat, ref      []latencyResult
+	idleRelay     idleResult
+	idleDrainer   idleResult
+	drainer       rateResult
+	passThrough   []string
+	relayLog      []string // what the relays logged (LOG_LEVEL=warn: warnings and errors)
 }
 
 // ceiling is the reference throughput: the better of the two ceiling runs
@@ -139,8 +138,7 @@ func (r *results) rows(opts options) [][]string {
 		{fmt.Sprintf("broker ceiling: persistent, confirms, 1 channel, %d in flight", opts.inflight), "",
 			fmt.Sprintf("%s msg/s", toolkit.Thousands(int(ceil))), "", "", ""},
 		{fmt.Sprintf("drain of a %s-event backlog (relay start → consumer has all)", n),
-			evs(r.drain.rate()), "broker ceiling", ratio(r.drain.rate(), ceil),
-			fmt.Sprintf("≥ %.2f", drainTarget), ok(r.drain.rate() >= drainTarget*ceil)},
+			evs(r.drain.rate()), "broker ceiling", ratio(r.drain.rate(), ceil), "observation", ""},
 	}
 	if opts.channels > 1 {
 		one, many := r.part[0].rate(), r.part[1].rate()
@@ -161,8 +159,7 @@ func (r *results) rows(opts options) [][]string {
 		name := fmt.Sprintf("%s ev/s, %d/tx", toolkit.Thousands(l.phase.rate), l.phase.perTx)
 		out = append(out,
 			[]string{"commit → consumer p50, " + name, toolkit.Ms(l.p50), toolkit.Ms(ref.p50) + " broker alone", ratio(l.p50.Seconds(), ref.p50.Seconds()), "", ""},
-			[]string{"commit → consumer p99, " + name, toolkit.Ms(l.p99), toolkit.Ms(ref.p99) + " broker alone", ratio(l.p99.Seconds(), ref.p99.Seconds()),
-				target(l.phase.p99Target), okIf(l.phase.p99Target > 0, l.p99 <= l.phase.p99Target)},
+			[]string{"commit → consumer p99, " + name, toolkit.Ms(l.p99), toolkit.Ms(ref.p99) + " broker alone", ratio(l.p99.Seconds(), ref.p99.Seconds()), "", ""},
 			[]string{"commit → consumer max, " + name, toolkit.Ms(l.max), toolkit.Ms(ref.max) + " broker alone", ratio(l.max.Seconds(), ref.max.Seconds()), "", ""},
 			[]string{"paced insert rate achieved, " + name, evs(l.achieved), evs(float64(l.phase.rate)) + " asked", ratio(l.achieved, float64(l.phase.rate)), "", ""},
 		)
@@ -174,13 +171,12 @@ func (r *results) rows(opts options) [][]string {
 	}
 	out = append(out,
 		[]string{"backlog drain: relay vs polling drainer", evs(r.drain.rate()), evs(r.drainer.rate()) + " drainer", ratio(r.drain.rate(), r.drainer.rate()), "", ""},
-		[]string{"PostgreSQL CPU s per 10,000 events (draining)", fmt.Sprintf("%.3f s", relayCPU), fmt.Sprintf("%.3f s drainer", drainerCPU), ratio(relayCPU, drainerCPU), "", ""},
+		[]string{fmt.Sprintf("drain of %d events of %d KiB", r.bigPayload.events, bigPayloadBytes>>10), evs(r.bigPayload.rate()), "", "", "", ""},
+		[]string{"PostgreSQL CPU s per 10,000 events (draining), whole cluster", fmt.Sprintf("%.3f s", relayCPU), fmt.Sprintf("%.3f s drainer", drainerCPU), ratio(relayCPU, drainerCPU), "", ""},
 		[]string{"PostgreSQL statements/s while idle (pg_stat_statements)",
 			fmt.Sprintf("%.3f /s (%d in %s)", r.idleRelay.perSecond(), r.idleRelay.calls, r.idleRelay.window.Round(time.Second)),
 			fmt.Sprintf("%.2f /s drainer", r.idleDrainer.perSecond()), ratio(r.idleRelay.perSecond(), r.idleDrainer.perSecond()),
 			fmt.Sprintf("≤ 1 per %s (monitor)", monitorInterval), ok(r.idleRelay.calls <= r.idleRelay.allowed())},
-		[]string{fmt.Sprintf("relay peak RSS (VmHWM), %s-event backlog", n), mib(r.rssBacklog), "", "", "≤ " + mib(rssTarget), ok(r.rssBacklog <= rssTarget)},
-		[]string{fmt.Sprintf("relay peak RSS (VmHWM), one %s-row transaction", n), mib(r.rssBigTx), "", "", "≤ " + mib(rssTarget), ok(r.rssBigTx <= rssTarget)},
 	)
 	return out
 }
@@ -193,8 +189,8 @@ func (r *results) notes(opts options) string {
 	fmt.Fprintf(&b, "date:       %s\n", m.date.Format(time.RFC3339))
 	fmt.Fprintf(&b, "machine:    %d CPUs, %s, %s RAM, Linux %s, load average %s at start, %s at end\n", m.cpus, m.model, m.memory, m.kernel, m.loadStart, m.loadEnd)
 	fmt.Fprintf(&b, "software:   relay built with %s, bench %s, PostgreSQL %s (throwaway cluster, fsync=off), RabbitMQ %s (shared local broker)\n", m.goRelay, m.goBench, m.postgres, m.rabbitmq)
-	fmt.Fprintf(&b, "sizes:      backlog %s, drainer backlog %s, latency phases %s each, idle windows %s, payload %d bytes, %d in flight\n",
-		toolkit.Thousands(opts.backlog), toolkit.Thousands(opts.drainerBacklog), opts.latencyFor, opts.idleFor, r.payloadBytes, opts.inflight)
+	fmt.Fprintf(&b, "sizes:      backlog %s, %s events of %d KiB, drainer backlog %s, latency phases %s each, idle windows %s, payload %d bytes, %d in flight\n",
+		toolkit.Thousands(opts.backlog), toolkit.Thousands(opts.bigPayloads), bigPayloadBytes>>10, toolkit.Thousands(opts.drainerBacklog), opts.latencyFor, opts.idleFor, r.payloadBytes, opts.inflight)
 	if len(r.passThrough) > 0 {
 		fmt.Fprintf(&b, "relay env:  %s (from the caller's environment)\n", strings.Join(r.passThrough, " "))
 	}
@@ -228,7 +224,7 @@ func (r *results) notes(opts options) string {
 	}
 	b.WriteString("\n")
 
-	d := r.drain.duplicates + r.bigTx.duplicates + r.drainer.duplicates + r.part[0].duplicates + r.part[1].duplicates
+	d := r.drain.duplicates + r.bigTx.duplicates + r.bigPayload.duplicates + r.drainer.duplicates + r.part[0].duplicates + r.part[1].duplicates
 	for _, l := range r.lat {
 		d += l.duplicates
 	}
@@ -258,7 +254,8 @@ func (r *results) notes(opts options) string {
 			namedUsage{fmt.Sprintf("relay partitioned drain, %d channels → %d queues", opts.channels, opts.channels), r.part[1].use},
 			namedUsage{fmt.Sprintf("broker ceiling, %d publishers → %d queues", opts.channels, opts.channels), r.partCeiling.use})
 	}
-	windows = append(windows, namedUsage{"relay one large transaction", r.bigTx.use})
+	windows = append(windows, namedUsage{"relay one large transaction", r.bigTx.use},
+		namedUsage{fmt.Sprintf("relay drain of %d KiB payloads", bigPayloadBytes>>10), r.bigPayload.use})
 	for i := range r.lat {
 		name := fmt.Sprintf("%s ev/s", toolkit.Thousands(r.lat[i].phase.rate))
 		windows = append(windows, namedUsage{"relay latency " + name, r.lat[i].use}, namedUsage{"broker-alone latency " + name, r.ref[i].use})
@@ -347,21 +344,6 @@ func ratio(a, b float64) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.2f", a/b)
-}
-
-// okIf is ok(met) when there is a target, else empty.
-func okIf(hasTarget, met bool) string {
-	if !hasTarget {
-		return ""
-	}
-	return ok(met)
-}
-
-func target(d time.Duration) string {
-	if d <= 0 {
-		return ""
-	}
-	return "≤ " + toolkit.Ms(d)
 }
 
 func ok(met bool) string {
