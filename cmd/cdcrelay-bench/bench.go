@@ -4,7 +4,7 @@ package main
 // lives in its own file: setup.go, drain.go, latency.go, bigpayload.go,
 // pgload.go (with pgsplit.go for PostgreSQL's CPU by process), with
 // machine.go for the report's header, report.go for the report and
-// targets.go for issue 16's table of targets.
+// targets.go for the table of cost targets.
 
 import (
 	"context"

@@ -20,7 +20,7 @@ type latencyPhase struct {
 	targets     phaseTargets // zero: no targets
 }
 
-// phaseTargets are issue 16's targets for a paced phase.
+// phaseTargets are the cost targets for a paced phase.
 type phaseTargets struct {
 	p99Ratio float64       // most p99 commit → consumer as a multiple of the broker alone's
 	relayCPU time.Duration // most relay CPU per event

@@ -130,7 +130,7 @@ func run() int {
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, res.splitNotes())
 	targets := res.targetRows(opts)
-	fmt.Fprintln(stdout, "\nissue 16's targets (per-event CPU and ratios from this run):")
+	fmt.Fprintln(stdout, "\nthe cost targets (per-event CPU and ratios from this run):")
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, formatTable(targetHeader, targets))
 	fmt.Fprintf(stdout, "\nbench took %s\n", time.Since(began).Round(time.Second))

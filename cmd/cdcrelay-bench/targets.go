@@ -1,6 +1,6 @@
 package main
 
-// Issue 16's table: the relay's CPU per event, the PostgreSQL CPU it
+// The cost-target table: the relay's CPU per event, the PostgreSQL CPU it
 // causes against the polling drainer's, p99 against the broker alone,
 // peak RSS and the capacity of one core, each against its reference and
 // target; and the split of PostgreSQL's CPU by process behind them.
@@ -21,7 +21,7 @@ const (
 	pgBehalfTarget = 0.8
 )
 
-// before is where issue 16 found each measure on main, for the reader.
+// before is where each measure stood on main before this work, for the reader.
 var before = map[string]string{
 	"1000x1": "265 µs on main", "5000x10": "60 µs on main", "drain": "22 µs on main",
 }
@@ -61,7 +61,7 @@ func (r *results) phase(rate, perTx int) (latencyResult, latencyResult, bool) {
 	return latencyResult{}, latencyResult{}, false
 }
 
-// targetRows is issue 16's table.
+// targetRows is the table of cost targets.
 func (r *results) targetRows(opts options) [][]string {
 	drainCPU := perEvent(r.drain.use.relay, r.drain.events)
 	out := [][]string{}
