@@ -241,8 +241,17 @@ func (j *Janitor) statements(ctx context.Context) error {
 	// none is missing, and the second lookup of every id is skipped (an
 	// uncorrelated subquery in a CASE branch runs only if the branch is
 	// taken): 19% fewer buffer accesses for a batch of 100.
+	//
+	// The unpublished test is written `(published_at IS NULL) IS NOT
+	// FALSE`, the same truth, so that it does not imply the predicate of
+	// the partial index on unpublished rows: with `published_at IS NULL`
+	// the planner may walk that index and filter the ids, and it does when
+	// the statistics predate a backlog (they say the index is small), so
+	// each batch of a backlog of n rows would read all n of them. Without
+	// that index to choose, it matches the ids through the primary key, or
+	// on a small table in one pass over it (TestIntegrationMarkStatementPlan).
 	j.markSQL = fmt.Sprintf(`WITH marked AS (
-			UPDATE %[1]s SET published_at = now() WHERE %[2]s = ANY($1::%[3]s[]) AND published_at IS NULL RETURNING 1),
+			UPDATE %[1]s SET published_at = now() WHERE %[2]s = ANY($1::%[3]s[]) AND (published_at IS NULL) IS NOT FALSE RETURNING 1),
 		n AS (SELECT count(*) AS c FROM marked)
 		SELECT n.c, CASE WHEN n.c = cardinality($1::%[3]s[]) THEN '{}'::text[]
 		       ELSE coalesce((SELECT array_agg(x::text) FROM unnest($1::%[3]s[]) x
