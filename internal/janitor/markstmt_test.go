@@ -20,17 +20,7 @@ import (
 // never hides a missing row.
 func TestIntegrationMarkStatement(t *testing.T) {
 	ctx := context.Background()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pg.Close() })
-	url := pg.URL("postgres")
-	db, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close(ctx) })
+	url, db := markDB(t)
 	if _, err := db.Exec(ctx, `CREATE TABLE event_outbox (id uuid PRIMARY KEY, published_at timestamptz);
 		INSERT INTO event_outbox (id) SELECT ('00000000-0000-0000-0000-00000000000' || g)::uuid FROM generate_series(1, 5) g`); err != nil {
 		t.Fatal(err)
@@ -85,17 +75,7 @@ func TestIntegrationMarkStatement(t *testing.T) {
 // every batch of a backlog read the whole backlog.
 func TestIntegrationMarkStatementPlan(t *testing.T) {
 	ctx := context.Background()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pg.Close() })
-	url := pg.URL("postgres")
-	db, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close(ctx) })
+	url, db := markDB(t)
 	if _, err := db.Exec(ctx, `CREATE TABLE event_outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
 			enqueued_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz);
 		CREATE INDEX event_outbox_unpublished_idx ON event_outbox (enqueued_at) WHERE published_at IS NULL;
@@ -140,4 +120,22 @@ func TestIntegrationMarkStatementPlan(t *testing.T) {
 	if strings.Contains(text, "event_outbox_unpublished_idx") {
 		t.Fatalf("the mark statement walks the index of unpublished rows:\n%s", text)
 	}
+}
+
+// markDB starts a throwaway cluster and connects to its postgres database.
+func markDB(t *testing.T) (string, *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pg.Close() })
+	url := pg.URL("postgres")
+	db, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close(ctx) })
+	return url, db
 }
