@@ -14,11 +14,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 
@@ -132,73 +130,11 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\r", " ")), " ")
 }
 
-// minScrubLen is the shortest bare password scrubbed from findings. Shorter
-// ones would mangle ordinary words; the full URLs holding them are scrubbed
-// whatever the password's length.
-const minScrubLen = 4
-
-// secret is a string that must not appear in output, and its replacement.
-type secret struct{ find, replace string }
-
-// secrets lists the configured URLs and the passwords in them, longest
-// first so a URL is replaced whole before its password is.
-func secrets(cfg config.Config) []secret {
-	var out []secret
-	for _, raw := range []string{cfg.DatabaseURL, cfg.AMQPURL} {
-		if raw == "" {
-			continue
-		}
-		out = append(out, secret{raw, config.Redact(raw)})
-		// Every password the string holds (userinfo, password= and
-		// sslpassword=, as written and decoded), in whatever form a
-		// library may quote it.
-		var pws []string
-		for _, pw := range config.Secrets(raw) {
-			pws = append(pws, pw, url.QueryEscape(pw), url.PathEscape(pw))
-		}
-		if pc, err := pgconn.ParseConfig(raw); err == nil && pc.Password != "" {
-			pws = append(pws, pc.Password)
-		}
-		if pw, ok := rawPassword(raw); ok {
-			pws = append(pws, pw) // even from a URL that does not parse
-		}
-		for _, pw := range pws {
-			if len(pw) >= minScrubLen {
-				out = append(out, secret{pw, "xxxxx"})
-			}
-		}
-	}
-	for i := 1; i < len(out); i++ { // insertion sort: a handful of entries
-		for j := i; j > 0 && len(out[j].find) > len(out[j-1].find); j-- {
-			out[j], out[j-1] = out[j-1], out[j]
-		}
-	}
-	return out
-}
-
-// rawPassword extracts the password of scheme://user:password@host… without
-// parsing the URL, for URLs net/url rejects (their parse error quotes them).
-func rawPassword(raw string) (string, bool) {
-	_, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return "", false
-	}
-	at := strings.LastIndexByte(rest, '@')
-	if at < 0 {
-		return "", false
-	}
-	_, pw, ok := strings.Cut(rest[:at], ":")
-	return pw, ok && pw != ""
-}
+// secrets is the scrubber of cfg's URLs and passwords (config.Scrub).
+func secrets(cfg config.Config) func(string) string { return cfg.Scrub }
 
 // scrub replaces every secret in every finding.
-func scrub(fs []Finding, ss []secret) []Finding {
-	clean := func(s string) string {
-		for _, sec := range ss {
-			s = strings.ReplaceAll(s, sec.find, sec.replace)
-		}
-		return s
-	}
+func scrub(fs []Finding, clean func(string) string) []Finding {
 	for i := range fs {
 		fs[i].Check, fs[i].Message, fs[i].Remedy = clean(fs[i].Check), clean(fs[i].Message), clean(fs[i].Remedy)
 	}

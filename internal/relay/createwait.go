@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
@@ -32,16 +31,11 @@ const retryDetailMax = 200
 
 // retryDetail is the status detail while the relay backs off after a
 // failed session: the error that ended it, so /readyz says what the relay
-// waits for (docs/runbook.md). The passwords of both URLs are scrubbed
-// from it, as preflight scrubs what it prints (config.Secrets), though
-// the stages' errors never quote them.
+// waits for (docs/runbook.md). Both URLs and their passwords are scrubbed
+// from it as from check's findings (config.Scrub), though the stages'
+// errors never quote them.
 func (r *Relay) retryDetail(err error) string {
-	msg := err.Error()
-	for _, u := range []string{r.cfg.DatabaseURL, r.cfg.AMQPURL} {
-		for _, pw := range config.Secrets(u) {
-			msg = strings.ReplaceAll(msg, pw, "xxxxx")
-		}
-	}
+	msg := r.cfg.Scrub(err.Error())
 	msg = strings.Join(strings.Fields(msg), " ") // one line for the probe's body
 	if rs := []rune(msg); len(rs) > retryDetailMax {
 		msg = string(rs[:retryDetailMax]) + "…"

@@ -24,3 +24,13 @@ func TestRetryDetail(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryDetailOverlappingPasswords: a password that contains the other
+// URL's is scrubbed whole, not left with a visible tail.
+func TestRetryDetailOverlappingPasswords(t *testing.T) {
+	r := &Relay{cfg: config.Config{DatabaseURL: "postgres://relay:abcd@db/app", AMQPURL: "amqp://relay:abcdefgh@mq/"}}
+	got := r.retryDetail(errors.New("broker refused abcdefgh"))
+	if got != "retrying after: broker refused xxxxx" {
+		t.Errorf("retryDetail = %q", got)
+	}
+}
