@@ -388,3 +388,47 @@ func TestIntegrationMonitorIgnoresIdleSessionTimeout(t *testing.T) {
 }
 
 const lastSuccessKey = "cdcrelay_monitor_last_success_timestamp_seconds{slot=s1}"
+
+// TestIntegrationMonitorIgnoresRoleStatementTimeout: a statement_timeout on
+// the role shorter than the backlog query takes does not fail every
+// refresh: the monitor bounds its statements itself.
+func TestIntegrationMonitorIgnoresRoleStatementTimeout(t *testing.T) {
+	db, dbURL := database(t)
+	// A backlog the count takes more than the role's 1 ms to read.
+	exec(t, db, `INSERT INTO event_outbox (routing_key, payload) SELECT 'k', '{}' FROM generate_series(1, 200000)`)
+	exec(t, db, `CREATE ROLE mon LOGIN PASSWORD 'mon-pw'; GRANT SELECT ON event_outbox TO mon; ALTER ROLE mon SET statement_timeout = '1ms'`)
+	u, err := url.Parse(testenv.WithApplicationName(t, dbURL, "mon_timeout"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("mon", "mon-pw")
+	r := start(t, Options{DatabaseURL: u.String(), Schema: "public", Table: "event_outbox", Interval: time.Second})
+	waitFor(t, "the monitor to hold the lock", func() bool { return isHolder(t, r) })
+	first := r.series(t)[lastSuccessKey]
+	waitFor(t, "two more refreshes", func() bool { return r.series(t)[lastSuccessKey] >= first+2 })
+	if n := testutilCounter(t, r.reg, "cdcrelay_monitor_errors_total"); n != 0 {
+		t.Fatalf("%v monitor errors:\n%s", n, r.logs.String())
+	}
+}
+
+// TestIntegrationMonitorFailingHolderLetsGo: a holder whose refresh fails
+// gives the monitor lock up, so another replica that can refresh takes it.
+func TestIntegrationMonitorFailingHolderLetsGo(t *testing.T) {
+	db, dbURL := database(t)
+	// nosel may take the lock but not read the outbox.
+	exec(t, db, `CREATE ROLE nosel LOGIN PASSWORD 'nosel-pw'`)
+	u, err := url.Parse(testenv.WithApplicationName(t, dbURL, "mon_nosel"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("nosel", "nosel-pw")
+	failing := start(t, Options{DatabaseURL: u.String(), Schema: "public", Table: "event_outbox", Interval: time.Second})
+	waitFor(t, "the failing monitor's first error", func() bool {
+		return testutilCounter(t, failing.reg, "cdcrelay_monitor_errors_total") > 0
+	})
+	healthy := start(t, Options{DatabaseURL: testenv.WithApplicationName(t, dbURL, "mon_ok"), Schema: "public", Table: "event_outbox", Interval: time.Second})
+	waitFor(t, "the healthy monitor to take the lock", func() bool { return isHolder(t, healthy) })
+	if isHolder(t, failing) {
+		t.Fatalf("both monitors report the lock:\n%s", failing.logs.String())
+	}
+}

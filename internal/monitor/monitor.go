@@ -14,12 +14,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
@@ -125,30 +122,20 @@ func (m *Monitor) turn(ctx context.Context) {
 	if err := m.refresh(ctx); err != nil {
 		m.sql = "" // inspect the table again: it may have changed
 		m.fail(ctx, err)
-		// A dead session took the lock with it (pgx also closes the
-		// connection when a statement outlives its timeout).
-		if m.db.IsClosed() {
-			m.drop()
-		}
+		// Give the lock up with the connection: a holder that cannot
+		// refresh must not keep another replica, which may succeed, from
+		// taking over. The next turn connects again.
+		m.drop()
 	}
 }
 
-// connParams are set on the monitor's connection unless the URL sets
-// them. Server-side keepalives end the backend of a holder whose host
-// vanished without closing its socket within about 25 s instead of the
-// operating system's two hours, so the lock does not stay with it.
-var connParams = map[string]string{
-	"tcp_keepalives_idle":     "10",
-	"tcp_keepalives_interval": "5",
-	"tcp_keepalives_count":    "3",
-}
-
-// connect opens the monitor's connection. It sits idle between turns, so
-// an idle_session_timeout on the role (PostgreSQL 14 and later) would end
-// it, and the holder's lock with it, every interval: it is turned off once
-// per connection, not per turn.
+// connect opens the monitor's connection, set up like the slot lock's
+// (pgconnect.Hold): it sits idle between turns, so a role's
+// idle_session_timeout would end it, and the holder's lock with it, every
+// interval; and the statement timeout is the monitor's own (statementContext),
+// not a shorter one of the role's that a large backlog would trip every turn.
 func (m *Monitor) connect(ctx context.Context) error {
-	cfg, err := pgconnect.Config(m.opts.DatabaseURL, connParams)
+	cfg, err := pgconnect.Config(m.opts.DatabaseURL, pgconnect.Keepalives())
 	if err != nil {
 		return err
 	}
@@ -158,22 +145,12 @@ func (m *Monitor) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("connect: %w", pgerr.Connect(err))
 	}
-	if serverMajor(db.PgConn()) >= 14 {
-		if _, err := db.Exec(cctx, "SET idle_session_timeout = 0"); err != nil {
-			_ = db.Close(context.WithoutCancel(ctx))
-			return fmt.Errorf("set up the connection: %w", err)
-		}
+	if err := pgconnect.Hold(cctx, db); err != nil {
+		_ = db.Close(context.WithoutCancel(ctx))
+		return err
 	}
 	m.db, m.sql = db, ""
 	return nil
-}
-
-// serverMajor is the server's major version (15 for "15.4"), 0 if unknown.
-func serverMajor(c *pgconn.PgConn) int {
-	v := c.ParameterStatus("server_version")
-	major, _, _ := strings.Cut(v, ".")
-	n, _ := strconv.Atoi(strings.TrimFunc(major, func(r rune) bool { return r < '0' || r > '9' }))
-	return n
 }
 
 // tryLock takes the monitor lock if it is free. Session advisory locks

@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-
 	"github.com/cdcrelay/cdcrelay/internal/config"
 
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,28 +16,6 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
 
-// lockConnParams are set on the connection that holds the slot lock unless
-// the URL sets them. The keepalives make the server notice within about 25 s
-// a holder whose host vanished without closing its sockets, instead of the
-// operating system's two hours, so the standby's wait ends then.
-var lockConnParams = map[string]string{
-	"tcp_keepalives_idle":     "10",
-	"tcp_keepalives_interval": "5",
-	"tcp_keepalives_count":    "3",
-}
-
-// lockSession makes the lock's connection fit for waiting and holding for
-// days whatever the role's or database's defaults: no statement or lock
-// timeout ends the standby's wait, and no idle_session_timeout ends the
-// owner's hold (which would stop it streaming). client_connection_check_interval
-// makes a backend blocked in pg_advisory_lock look at its socket now and
-// then, so a standby that dies while waiting leaves the lock queue within
-// seconds; it sends nothing. The last two exist from PostgreSQL 14.
-const (
-	lockSession   = "SET statement_timeout = 0; SET lock_timeout = 0"
-	lockSession14 = "; SET idle_session_timeout = 0; SET client_connection_check_interval = '5s'"
-)
-
 // connectLock opens the connection that holds the slot lock for the whole
 // session, to CDCRELAY_LOCK_DATABASE: a standby waits for the lock on it.
 // The waiting statement holds a snapshot, so its xmin would hold back
@@ -47,7 +23,7 @@ const (
 // database (postgres by default) it holds back nothing of the service
 // database's (advisory locks are per database, slot names per cluster).
 func (r *Relay) connectLock(ctx context.Context) (*pgx.Conn, error) {
-	dbCfg, err := pgconnect.Config(r.cfg.DatabaseURL, lockConnParams)
+	dbCfg, err := pgconnect.Config(r.cfg.DatabaseURL, pgconnect.Keepalives())
 	if err != nil {
 		return nil, err
 	}
@@ -60,23 +36,11 @@ func (r *Relay) connectLock(ctx context.Context) (*pgx.Conn, error) {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
 		return nil, fmt.Errorf("connect to the slot lock's database %s (CDCRELAY_LOCK_DATABASE): %w", r.cfg.LockDatabase, pgerr.Connect(err))
 	}
-	set := lockSession
-	if serverMajor(db.PgConn()) >= 14 {
-		set += lockSession14
-	}
-	if _, err := db.Exec(ctx, set); err != nil {
+	if err := pgconnect.Hold(ctx, db); err != nil {
 		_ = db.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("set up the slot lock's connection: %w", err)
+		return nil, fmt.Errorf("slot lock's connection: %w", err)
 	}
 	return db, nil
-}
-
-// serverMajor is the server's major version (15 for "15.4"), 0 if unknown.
-func serverMajor(c *pgconn.PgConn) int {
-	v := c.ParameterStatus("server_version")
-	major, _, _ := strings.Cut(v, ".")
-	n, _ := strconv.Atoi(strings.TrimFunc(major, func(r rune) bool { return r < '0' || r > '9' }))
-	return n
 }
 
 // acquire takes the slot lock on db. While another relay holds it, this

@@ -1,0 +1,51 @@
+package pgconnect
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Keepalives are the connection parameters of a connection that holds a
+// session advisory lock (the slot lock, the monitor lock): the server
+// notices within about 25 s a holder whose host vanished without closing
+// its socket, instead of the operating system's two hours, so the lock
+// does not stay with it. Pass them to Config.
+func Keepalives() map[string]string {
+	return map[string]string{
+		"tcp_keepalives_idle":     "10",
+		"tcp_keepalives_interval": "5",
+		"tcp_keepalives_count":    "3",
+	}
+}
+
+// Hold makes db's session fit for holding (or waiting for) a session lock
+// for days whatever the role's or database's defaults: no statement or
+// lock timeout ends a wait or a statement the caller bounds with its own
+// context, and no idle_session_timeout ends an idle holder's session (and
+// its lock). client_connection_check_interval makes a backend blocked in
+// pg_advisory_lock look at its socket now and then, so a waiter that dies
+// leaves the lock queue within seconds; it sends nothing. The last two
+// exist from PostgreSQL 14.
+func Hold(ctx context.Context, db *pgx.Conn) error {
+	set := "SET statement_timeout = 0; SET lock_timeout = 0"
+	if ServerMajor(db.PgConn()) >= 14 {
+		set += "; SET idle_session_timeout = 0; SET client_connection_check_interval = '5s'"
+	}
+	if _, err := db.Exec(ctx, set); err != nil {
+		return fmt.Errorf("set up the session: %w", err)
+	}
+	return nil
+}
+
+// ServerMajor is the server's major version (15 for "15.4"), 0 if unknown.
+func ServerMajor(c *pgconn.PgConn) int {
+	v := c.ParameterStatus("server_version")
+	major, _, _ := strings.Cut(v, ".")
+	n, _ := strconv.Atoi(strings.TrimFunc(major, func(r rune) bool { return r < '0' || r > '9' }))
+	return n
+}
