@@ -342,6 +342,11 @@ func (r *Reader) receive(ctx, stopping context.Context) (*Event, error) {
 			return nil, ctx.Err()
 		}
 		if pgconn.Timeout(err) || errors.Is(err, context.Canceled) {
+			// The socket's deadline may pass a moment before the context's
+			// timer fires: a new context for the next receive, not a
+			// retry that fails at once until the timer catches up.
+			r.recvCancel()
+			r.recv = nil
 			if silent := time.Since(r.lastRecv); r.cfg.Timeout > 0 && silent > r.cfg.Timeout {
 				return nil, fmt.Errorf("replication stream: nothing from the server for %s although a reply was requested; the connection is presumed dead", silent.Round(time.Second))
 			}
