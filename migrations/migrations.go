@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
 //go:embed *.sql
@@ -69,7 +71,7 @@ func ApplyTo(ctx context.Context, db *pgx.Conn, t Target) error {
 // least-privilege role, which may neither create nor alter the table.
 func ownerHint(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+	if errors.As(err, &pgErr) && pgErr.Code == pgerr.InsufficientPrivilege {
 		return fmt.Errorf("%w: run migrate as the outbox table's owner (or a role that may create it)", err)
 	}
 	return err
