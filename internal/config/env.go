@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,7 +44,7 @@ func Unknown(environ []string, extra ...string) []UnknownVariable {
 	var out []UnknownVariable
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(strings.ToUpper(name), Prefix) || slices.Contains(known, name) {
+		if !strings.HasPrefix(strings.ToUpper(name), Prefix) || slices.Contains(known, name) || serviceLink.MatchString(name) {
 			continue
 		}
 		out = append(out, UnknownVariable{Name: name, Suggestion: closest(name, known)})
@@ -110,3 +111,9 @@ func checkListenAddr(addr string) error {
 	}
 	return nil
 }
+
+// serviceLink matches the variables Kubernetes sets in every pod for a
+// Service named cdcrelay in its namespace (CDCRELAY_SERVICE_HOST,
+// CDCRELAY_PORT_8080_TCP_ADDR, ...) unless the pod spec turns service
+// links off: not the user's settings, so no warning.
+var serviceLink = regexp.MustCompile(`^CDCRELAY_(SERVICE_(HOST|PORT)(_[A-Z0-9_]+)?|PORT(_[0-9]+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$`)

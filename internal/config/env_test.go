@@ -38,6 +38,10 @@ func TestUnknown(t *testing.T) {
 		{"extra accepted", []string{"CDCRELAY_FAILPOINT=publish.after-publish"}, []string{"CDCRELAY_FAILPOINT"}, nil},
 		{"other prefix", []string{"CDCRELAYX=1", "XCDCRELAY_SLOT=1"}, nil, nil},
 		{"empty value", []string{"CDCRELAY_MAX_INFLIGHT="}, nil, []string{"CDCRELAY_MAX_INFLIGHT (did you mean CDCRELAY_MAX_IN_FLIGHT?)"}},
+		{"kubernetes service links", []string{"CDCRELAY_SERVICE_HOST=10.0.0.1", "CDCRELAY_SERVICE_PORT=8080", "CDCRELAY_SERVICE_PORT_HTTP=8080",
+			"CDCRELAY_PORT=tcp://10.0.0.1:8080", "CDCRELAY_PORT_8080_TCP=tcp://10.0.0.1:8080", "CDCRELAY_PORT_8080_TCP_PROTO=tcp",
+			"CDCRELAY_PORT_8080_TCP_PORT=8080", "CDCRELAY_PORT_8080_TCP_ADDR=10.0.0.1"}, nil, nil},
+		{"service-link look-alike", []string{"CDCRELAY_PORTS=1"}, nil, []string{"CDCRELAY_PORTS"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
