@@ -364,6 +364,9 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 				"cdcrelay_slot_lost_total": "0x4 1x36"})...),
 			quietAt: []string{"3m"},
 			fire:    []firing{fire("10m", "CdcrelaySlotLost", v.bySlot("CdcrelaySlotLost", orders))}},
+		{name: "slot lost while the relay was down: a new pod's counter is 1 from its first scrape",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_lost_total": "1x40"})...),
+			fire:     []firing{fire("10m", "CdcrelaySlotLost", v.bySlot("CdcrelaySlotLost", orders))}},
 		{name: "slot lost and recreated: the counter alone fires for an hour",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_lost_total": "0x4 1x36"})...),
 			fire: []firing{
