@@ -47,9 +47,9 @@ func Unsendable(exchange, key string, msg *amqp.Publishing, frameMax int) string
 	}
 	size := contentHeaderFixed + propertiesSize(msg)
 	if len(msg.Headers) > 0 {
-		n, reason := tableSize(msg.Headers, func() string { return "headers" })
-		if reason != "" {
-			return reason
+		n, bad := tableSize(msg.Headers)
+		if bad != nil {
+			return bad.reason("headers")
 		}
 		size += 4 + n
 	}
@@ -84,62 +84,75 @@ func propertiesSize(msg *amqp.Publishing) int {
 	return n
 }
 
+// unsendable is why a header value cannot be encoded. Its path is built
+// only on failure, while the recursion unwinds, so the walk every message
+// takes allocates nothing.
+type unsendable struct {
+	path string // from the table the check started at: ["key"][2]...
+	why  string // a format with one %s, for the whole path
+}
+
+func (u *unsendable) under(step string) *unsendable {
+	u.path = step + u.path
+	return u
+}
+
+func (u *unsendable) reason(root string) string { return fmt.Sprintf(u.why, root+u.path) }
+
+func keyStep(k string) string { return "[" + fmt.Sprintf("%q", Clip(k)) + "]" }
+
 // tableSize is the encoded size of a table's entries (writeTable, without
-// its 4-byte length), or why it cannot be encoded. path names the table
-// in the reason, with over-long keys clipped.
-func tableSize(t amqp.Table, path func() string) (int, string) {
+// its 4-byte length), or why it cannot be encoded.
+func tableSize(t amqp.Table) (int, *unsendable) {
 	n := 0
 	for k, v := range t {
-		// The path names a value only in a reason: built on failure, never
-		// on the path every message takes.
-		at := func() string { return path() + "[" + fmt.Sprintf("%q", Clip(k)) + "]" }
 		if len(k) > maxShortString {
-			return 0, fmt.Sprintf("header key %s is %d bytes; AMQP allows %d", at(), len(k), maxShortString)
+			return 0, &unsendable{path: keyStep(k), why: fmt.Sprintf("header key %%s is %d bytes; AMQP allows %d", len(k), maxShortString)}
 		}
-		f, reason := fieldSize(v, at)
-		if reason != "" {
-			return 0, reason
+		f, bad := fieldSize(v)
+		if bad != nil {
+			return 0, bad.under(keyStep(k))
 		}
 		n += 1 + len(k) + f
 	}
-	return n, ""
+	return n, nil
 }
 
 // fieldSize is the encoded size of one table or array value, type octet
 // included (writeField), or why amqp091-go refuses it.
-func fieldSize(v any, path func() string) (int, string) {
+func fieldSize(v any) (int, *unsendable) {
 	switch x := v.(type) {
 	case nil:
-		return 1, ""
+		return 1, nil
 	case bool, byte, int8:
-		return 2, ""
+		return 2, nil
 	case int16, uint16:
-		return 3, ""
+		return 3, nil
 	case int, int32, uint32, float32:
-		return 5, ""
+		return 5, nil
 	case int64, float64, time.Time:
-		return 9, ""
+		return 9, nil
 	case amqp.Decimal:
-		return 6, ""
+		return 6, nil
 	case string:
-		return 5 + len(x), ""
+		return 5 + len(x), nil
 	case []byte:
-		return 5 + len(x), ""
+		return 5 + len(x), nil
 	case []any:
 		n := 5
 		for i, e := range x {
-			f, reason := fieldSize(e, func() string { return fmt.Sprintf("%s[%d]", path(), i) })
-			if reason != "" {
-				return 0, reason
+			f, bad := fieldSize(e)
+			if bad != nil {
+				return 0, bad.under(fmt.Sprintf("[%d]", i))
 			}
 			n += f
 		}
-		return n, ""
+		return n, nil
 	case amqp.Table:
-		n, reason := tableSize(x, path)
-		return 1 + 4 + n, reason
+		n, bad := tableSize(x)
+		return 1 + 4 + n, bad
 	default:
-		return 0, fmt.Sprintf("header %s has type %T, which AMQP tables cannot carry", path(), v)
+		return 0, &unsendable{why: fmt.Sprintf("header %%s has type %T, which AMQP tables cannot carry", v)}
 	}
 }
 
