@@ -139,3 +139,45 @@ func markDB(t *testing.T) (string, *pgx.Conn) {
 	t.Cleanup(func() { _ = db.Close(ctx) })
 	return url, db
 }
+
+// TestIntegrationMarkStatementIDNotUnique: nothing makes the id column
+// unique on a table without a primary key on it (a partitioned outbox's
+// key must include the partition key). Two rows of one id marked by the
+// UPDATE must not stand in for an id whose row the statement cannot see:
+// that id is named missing, retried, and only then counted as gone.
+func TestIntegrationMarkStatementIDNotUnique(t *testing.T) {
+	ctx := context.Background()
+	url, db := markDB(t)
+	if _, err := db.Exec(ctx, `CREATE TABLE event_outbox (id text NOT NULL, published_at timestamptz);
+		INSERT INTO event_outbox (id) VALUES ('twice'), ('twice'), ('once')`); err != nil {
+		t.Fatal(err)
+	}
+	j := New(Options{DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id"}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	t.Cleanup(j.closeDB)
+	if err := j.connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// 'late' is committed by a transaction still open: the janitor's
+	// snapshot cannot see it, as with a row acked before its commit is
+	// visible to other sessions.
+	late, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = late.Rollback(ctx) }()
+	if _, err := late.Exec(ctx, `INSERT INTO event_outbox (id) VALUES ('late')`); err != nil {
+		t.Fatal(err)
+	}
+	unseen, err := j.markBatch(ctx, []entry{{id: "twice"}, {id: "late"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := value(j.metrics.marked); got != 2 || len(unseen) != 1 || !unseen["late"] {
+		t.Fatalf("marked %v rows, missing %v; want 2 rows ('twice' twice) and 'late' missing", got, unseen)
+	}
+	// A batch whose distinct ids are all marked still skips nothing it
+	// should not: 'once' is marked, nothing is missing.
+	if unseen, err = j.markBatch(ctx, []entry{{id: "once"}}); err != nil || len(unseen) != 0 {
+		t.Fatalf("missing %v (%v), want none", unseen, err)
+	}
+}

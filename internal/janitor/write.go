@@ -237,10 +237,14 @@ func (j *Janitor) statements(ctx context.Context) error {
 	id := pgx.Identifier{j.opts.IDColumn}.Sanitize()
 	// One round trip marks the batch and names the ids whose rows this
 	// snapshot cannot see (not visible yet, or gone); rows already marked
-	// count as seen. When the UPDATE marked as many rows as there are ids,
-	// none is missing, and the second lookup of every id is skipped (an
-	// uncorrelated subquery in a CASE branch runs only if the branch is
-	// taken): 19% fewer buffer accesses for a batch of 100.
+	// count as seen. When the UPDATE marked rows of as many distinct ids as
+	// the batch holds, none is missing, and the second lookup of every id
+	// is skipped (an uncorrelated subquery in a CASE branch runs only if
+	// the branch is taken): 19% fewer buffer accesses for a batch of 100.
+	// Distinct ids, not rows: nothing but convention makes the id unique
+	// (a partitioned outbox's primary key must include the partition key),
+	// and two rows of one id must not stand in for another id's row that
+	// this snapshot cannot see yet (TestIntegrationMarkStatementIDNotUnique).
 	//
 	// The unpublished test is written `(published_at IS NULL) IS NOT
 	// FALSE`, the same truth, so that it does not imply the predicate of
@@ -251,9 +255,9 @@ func (j *Janitor) statements(ctx context.Context) error {
 	// that index to choose, it matches the ids through the primary key, or
 	// on a small table in one pass over it (TestIntegrationMarkStatementPlan).
 	j.markSQL = fmt.Sprintf(`WITH marked AS (
-			UPDATE %[1]s SET published_at = now() WHERE %[2]s = ANY($1::%[3]s[]) AND (published_at IS NULL) IS NOT FALSE RETURNING 1),
-		n AS (SELECT count(*) AS c FROM marked)
-		SELECT n.c, CASE WHEN n.c = cardinality($1::%[3]s[]) THEN '{}'::text[]
+			UPDATE %[1]s SET published_at = now() WHERE %[2]s = ANY($1::%[3]s[]) AND (published_at IS NULL) IS NOT FALSE RETURNING %[2]s AS id),
+		n AS (SELECT count(*) AS c, count(DISTINCT id) AS d FROM marked)
+		SELECT n.c, CASE WHEN n.d = cardinality($1::%[3]s[]) THEN '{}'::text[]
 		       ELSE coalesce((SELECT array_agg(x::text) FROM unnest($1::%[3]s[]) x
 		                      WHERE NOT EXISTS (SELECT 1 FROM %[1]s WHERE %[2]s = x)), '{}') END
 		FROM n`, table, id, typ)
