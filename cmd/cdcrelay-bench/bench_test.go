@@ -331,3 +331,27 @@ func TestPartitionedRows(t *testing.T) {
 		t.Errorf("unmeasured: %v", many)
 	}
 }
+
+func TestIdleRetentionApart(t *testing.T) {
+	for q, want := range map[string]bool{
+		"WITH batch AS MATERIALIZED (SELECT ctid) , gone AS ( DELETE FROM \"public\".\"event_outbox\" WHERE ctid = ANY($1))":                   true,
+		"SELECT EXISTS (SELECT $1 FROM pg_index i WHERE i.indpred IS NULL)":                                                                    true,
+		"SELECT coalesce(max(pg_relation_size(c.oid)), $1) FROM pg_class c WHERE c.oid IN (SELECT relid FROM pg_partition_tree($2::regclass))": true,
+		"SELECT pg_try_advisory_lock($1, hashtext($2))":                                                                                        false,
+		"SELECT count(*) FILTER (WHERE last_error IS NULL) FROM event_outbox":                                                                  false,
+	} {
+		if got := isRetention(q); got != want {
+			t.Errorf("isRetention(%q) = %v, want %v", q, got, want)
+		}
+	}
+	i := idleResult{calls: 4, retention: 3, window: 15 * time.Second}
+	if i.polling() != 1 || i.polling() > i.allowed() {
+		t.Errorf("polling %d of allowed %d, want 1 within", i.polling(), i.allowed())
+	}
+	if got, want := idleText(i), "0.267 /s (4 in 15s, 3 of them retention's run)"; got != want {
+		t.Errorf("idleText = %q, want %q", got, want)
+	}
+	if got, want := idleText(idleResult{calls: 1, window: 15 * time.Second}), "0.067 /s (1 in 15s)"; got != want {
+		t.Errorf("idleText = %q, want %q", got, want)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -88,17 +89,14 @@ func (w window) until(end window) usage {
 	}
 }
 
-// idle counts the statements role ran on the primary over opts.idleFor.
+// idle counts the statements role ran on the primary over opts.idleFor,
+// telling retention's statements apart (isRetention): its first run comes
+// 10 to 30 s after the relay starts and may fall in the window.
 func (b *bench) idle(ctx context.Context, role string) (idleResult, error) {
 	time.Sleep(settle)
-	calls := func() (int64, error) {
-		var n int64
-		err := b.db.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE userid = to_regrole($1)`, role).Scan(&n)
-		return n, err
-	}
-	c0, err := calls()
+	c0, err := b.statementCalls(ctx, role)
 	if err != nil {
-		return idleResult{}, fmt.Errorf("pg_stat_statements: %w", err)
+		return idleResult{}, err
 	}
 	start := time.Now()
 	select {
@@ -106,11 +104,48 @@ func (b *bench) idle(ctx context.Context, role string) (idleResult, error) {
 		return idleResult{}, ctx.Err()
 	case <-time.After(b.opts.idleFor):
 	}
-	c1, err := calls()
+	c1, err := b.statementCalls(ctx, role)
 	if err != nil {
-		return idleResult{}, fmt.Errorf("pg_stat_statements: %w", err)
+		return idleResult{}, err
 	}
-	return idleResult{calls: c1 - c0, window: time.Since(start)}, nil
+	r := idleResult{window: time.Since(start)}
+	for q, n := range c1 {
+		n -= c0[q]
+		r.calls += n
+		if isRetention(q) {
+			r.retention += n
+		}
+	}
+	return r, nil
+}
+
+// statementCalls is pg_stat_statements' calls of role's statements, by text.
+func (b *bench) statementCalls(ctx context.Context, role string) (map[string]int64, error) {
+	rows, err := b.db.Query(ctx, `SELECT query, sum(calls)::bigint FROM pg_stat_statements WHERE userid = to_regrole($1) GROUP BY query`, role)
+	if err != nil {
+		return nil, fmt.Errorf("pg_stat_statements: %w", err)
+	}
+	calls := map[string]int64{}
+	for rows.Next() {
+		var q string
+		var n int64
+		if err := rows.Scan(&q, &n); err != nil {
+			return nil, fmt.Errorf("pg_stat_statements: %w", err)
+		}
+		calls[q] = n
+	}
+	return calls, rows.Err()
+}
+
+// isRetention tells the retention run's statements (internal/retention:
+// the table's inspection, its size, the DELETE batches) from the others.
+func isRetention(query string) bool {
+	for _, s := range []string{"DELETE FROM", "pg_partition_tree", "indpred"} {
+		if strings.Contains(query, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // pollingDrainer is the baseline: with the relay stopped, a drainer polls
