@@ -50,7 +50,7 @@ type pgBackend struct {
 // and the monitor are known by what they run (internal/janitor/write.go,
 // internal/monitor/query.go and monitor.go).
 var (
-	janitorSQL = []string{"SET published_at = now()", "SET attempts = attempts + 1", "format_type(atttypid"}
+	janitorSQL = []string{"SET published_at = now()", "SET attempts = attempts + 1", "format_type(a.atttypid"}
 	monitorSQL = []string{"AS unpublished", "bool_or(attname = 'enqueued_at')", "idle_session_timeout"}
 )
 

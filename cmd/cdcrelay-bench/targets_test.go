@@ -20,7 +20,7 @@ func TestClassify(t *testing.T) {
 		{"janitor marking", pgBackend{pid: 9, backendType: "client backend", app: "cdcrelay", user: relayRole,
 			query: "WITH marked AS (UPDATE event_outbox SET published_at = now() WHERE id = ANY($1::uuid[]) AND published_at IS NULL RETURNING 1) SELECT 1"}, classJanitor},
 		{"janitor parking", pgBackend{pid: 9, backendType: "client backend", app: "cdcrelay", query: "UPDATE event_outbox SET attempts = attempts + 1, last_error = left($2, 2000)"}, classJanitor},
-		{"janitor start-up", pgBackend{pid: 9, backendType: "client backend", app: "cdcrelay", query: "SELECT format_type(atttypid, atttypmod) FROM pg_attribute"}, classJanitor},
+		{"janitor start-up", pgBackend{pid: 9, backendType: "client backend", app: "cdcrelay", query: "SELECT format_type(a.atttypid, a.atttypmod),\n\t\t       EXISTS (SELECT 1 FROM pg_index i"}, classJanitor},
 		{"monitor refresh", pgBackend{pid: 10, backendType: "client backend", app: "cdcrelay", query: "SELECT b.unpublished FROM (SELECT count(*) FILTER (WHERE true) AS unpublished"}, classMonitor},
 		{"monitor inspect", pgBackend{pid: 10, backendType: "client backend", app: "cdcrelay", query: "SELECT coalesce(bool_or(attname = 'enqueued_at'), false)"}, classMonitor},
 		{"slot lock", pgBackend{pid: 11, backendType: "client backend", app: "cdcrelay", query: "SELECT pg_try_advisory_lock($1, hashtext($2))"}, classRelay},

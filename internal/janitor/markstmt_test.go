@@ -30,6 +30,12 @@ func TestIntegrationMarkStatement(t *testing.T) {
 	if err := j.connect(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := j.statements(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(j.markSQL, "DISTINCT") {
+		t.Errorf("the id is the primary key, yet the mark statement counts distinct ids (a sort per batch):\n%s", j.markSQL)
+	}
 	id := func(n int) string { return "00000000-0000-0000-0000-00000000000" + string(rune('0'+n)) }
 	batch := func(ns ...int) []entry {
 		var es []entry
@@ -169,6 +175,9 @@ func TestIntegrationMarkStatementIDNotUnique(t *testing.T) {
 		t.Fatal(err)
 	}
 	unseen, err := j.markBatch(ctx, []entry{{id: "twice"}, {id: "late"}})
+	if !strings.Contains(j.markSQL, "count(DISTINCT") {
+		t.Errorf("no unique index on the id, yet the mark statement counts rows:\n%s", j.markSQL)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -229,8 +229,11 @@ func (j *Janitor) statements(ctx context.Context) error {
 	}
 	table := pgx.Identifier{j.opts.Schema, j.opts.Table}.Sanitize()
 	var typ string
-	err := j.db.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-		WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped`, table, j.opts.IDColumn).Scan(&typ)
+	var unique bool // a unique index on the id column alone (a primary key on it, say)
+	err := j.db.QueryRow(ctx, `SELECT format_type(a.atttypid, a.atttypmod),
+		       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indisvalid
+		                 AND i.indpred IS NULL AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum)
+		FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attname = $2 AND NOT a.attisdropped`, table, j.opts.IDColumn).Scan(&typ, &unique)
 	if err != nil {
 		return fmt.Errorf("look up the type of %s.%s: %w", table, j.opts.IDColumn, err)
 	}
@@ -241,10 +244,16 @@ func (j *Janitor) statements(ctx context.Context) error {
 	// the batch holds, none is missing, and the second lookup of every id
 	// is skipped (an uncorrelated subquery in a CASE branch runs only if
 	// the branch is taken): 19% fewer buffer accesses for a batch of 100.
-	// Distinct ids, not rows: nothing but convention makes the id unique
-	// (a partitioned outbox's primary key must include the partition key),
-	// and two rows of one id must not stand in for another id's row that
-	// this snapshot cannot see yet (TestIntegrationMarkStatementIDNotUnique).
+	// Distinct ids, not rows: two rows of one id must not stand in for
+	// another id's row that this snapshot cannot see yet
+	// (TestIntegrationMarkStatementIDNotUnique). Only a unique index makes
+	// rows and ids the same count; without one (a partitioned outbox's
+	// primary key must include the partition key) the ids are counted
+	// distinct, a sort that costs about 15% more per marked row.
+	returning, distinct := "1", "count(*)"
+	if !unique {
+		returning, distinct = id, "count(DISTINCT id)"
+	}
 	//
 	// The unpublished test is written `(published_at IS NULL) IS NOT
 	// FALSE`, the same truth, so that it does not imply the predicate of
@@ -255,12 +264,12 @@ func (j *Janitor) statements(ctx context.Context) error {
 	// that index to choose, it matches the ids through the primary key, or
 	// on a small table in one pass over it (TestIntegrationMarkStatementPlan).
 	j.markSQL = fmt.Sprintf(`WITH marked AS (
-			UPDATE %[1]s SET published_at = now() WHERE %[2]s = ANY($1::%[3]s[]) AND (published_at IS NULL) IS NOT FALSE RETURNING %[2]s AS id),
-		n AS (SELECT count(*) AS c, count(DISTINCT id) AS d FROM marked)
+			UPDATE %[1]s SET published_at = now() WHERE %[2]s = ANY($1::%[3]s[]) AND (published_at IS NULL) IS NOT FALSE RETURNING %[4]s AS id),
+		n AS (SELECT count(*) AS c, %[5]s AS d FROM marked)
 		SELECT n.c, CASE WHEN n.d = cardinality($1::%[3]s[]) THEN '{}'::text[]
 		       ELSE coalesce((SELECT array_agg(x::text) FROM unnest($1::%[3]s[]) x
 		                      WHERE NOT EXISTS (SELECT 1 FROM %[1]s WHERE %[2]s = x)), '{}') END
-		FROM n`, table, id, typ)
+		FROM n`, table, id, typ, returning, distinct)
 	j.parkSQL = fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = left($2, 2000) WHERE %s = $1::%s AND published_at IS NULL`, table, id, typ)
 	return nil
 }
