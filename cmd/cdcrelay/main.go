@@ -93,6 +93,7 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 	}
 	warnUnknown(log, os.Environ())
 	setMemoryLimit(log, os.Getenv, systemCgroup)
+	setMaxProcs(log, os.Getenv)
 	reg := prometheus.NewRegistry()
 	svc, err := newService(cfg, log, reg)
 	if err != nil {
