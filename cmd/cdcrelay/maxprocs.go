@@ -21,7 +21,9 @@ const defaultMaxProcs = 2
 // maxProcs decides the GOMAXPROCS to set: 0 to leave the runtime's choice.
 // env is the GOMAXPROCS variable; procs the runtime's current setting;
 // cpus the CPUs the process may use (runtime.NumCPU). A setting below cpus
-// that the variable did not make is the runtime following a CPU limit.
+// that the variable did not make is the runtime following a CPU limit; a
+// limit equal to cpus (exclusive cores) cannot be told from none and is
+// capped too, which docs/configuration.md says (set GOMAXPROCS there).
 func maxProcs(env string, procs, cpus int) (set int, why string) {
 	switch {
 	case env != "":
