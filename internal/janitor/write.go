@@ -254,7 +254,6 @@ func (j *Janitor) statements(ctx context.Context) error {
 	if !unique {
 		returning, distinct = id, "count(DISTINCT id)"
 	}
-	//
 	// The unpublished test is written `(published_at IS NULL) IS NOT
 	// FALSE`, the same truth, so that it does not imply the predicate of
 	// the partial index on unpublished rows: with `published_at IS NULL`
