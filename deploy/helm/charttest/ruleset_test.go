@@ -182,3 +182,32 @@ func TestPromtoolChecksEveryVariant(t *testing.T) {
 		})
 	}
 }
+
+// TestAlertSelectorTrimmed: a custom selector written with stray commas or
+// spaces at its ends renders rules that parse and are scoped as the clean
+// one's; left as written, `job="cdcrelay",` would put an empty matcher
+// (",,") before the rules' own matchers.
+func TestAlertSelectorTrimmed(t *testing.T) {
+	t.Parallel()
+	for _, sel := range []string{`job="cdcrelay",`, ` , job="cdcrelay" , `} {
+		t.Run(sel, func(t *testing.T) {
+			t.Parallel()
+			// helm's --set splits on commas unless escaped.
+			groups := ruleGroups(t, []string{"alerts-selector.yaml"}, "--set-string", "monitoring.prometheusRule.selector="+strings.ReplaceAll(sel, ",", `\,`))
+			rules := 0
+			for _, g := range groups {
+				for _, r := range g.Rules {
+					rules++
+					for _, s := range parsePromQL(t, r.Alert, r.Expr) {
+						if job := s.matcher("job"); job == nil || job.Value != "cdcrelay" || s.matcher("namespace") != nil {
+							t.Errorf("%s: selector %s%v is not the custom one", r.Alert, s.name, s.matchers)
+						}
+					}
+				}
+			}
+			if rules == 0 {
+				t.Fatal("no rule rendered")
+			}
+		})
+	}
+}
