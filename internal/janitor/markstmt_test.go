@@ -20,19 +20,8 @@ import (
 // never hides a missing row.
 func TestIntegrationMarkStatement(t *testing.T) {
 	ctx := context.Background()
-	url, db := markDB(t)
-	if _, err := db.Exec(ctx, `CREATE TABLE event_outbox (id uuid PRIMARY KEY, published_at timestamptz);
-		INSERT INTO event_outbox (id) SELECT ('00000000-0000-0000-0000-00000000000' || g)::uuid FROM generate_series(1, 5) g`); err != nil {
-		t.Fatal(err)
-	}
-	j := New(Options{DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id"}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	t.Cleanup(j.closeDB)
-	if err := j.connect(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.statements(ctx); err != nil {
-		t.Fatal(err)
-	}
+	j, db := markJanitor(t, `CREATE TABLE event_outbox (id uuid PRIMARY KEY, published_at timestamptz);
+		INSERT INTO event_outbox (id) SELECT ('00000000-0000-0000-0000-00000000000' || g)::uuid FROM generate_series(1, 5) g`)
 	if strings.Contains(j.markSQL, "DISTINCT") {
 		t.Errorf("the id is the primary key, yet the mark statement counts distinct ids (a sort per batch):\n%s", j.markSQL)
 	}
@@ -81,23 +70,12 @@ func TestIntegrationMarkStatement(t *testing.T) {
 // every batch of a backlog read the whole backlog.
 func TestIntegrationMarkStatementPlan(t *testing.T) {
 	ctx := context.Background()
-	url, db := markDB(t)
-	if _, err := db.Exec(ctx, `CREATE TABLE event_outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+	j, db := markJanitor(t, `CREATE TABLE event_outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
 			enqueued_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz);
 		CREATE INDEX event_outbox_unpublished_idx ON event_outbox (enqueued_at) WHERE published_at IS NULL;
 		INSERT INTO event_outbox (published_at) SELECT now() FROM generate_series(1, 60000);
 		ANALYZE event_outbox;
-		INSERT INTO event_outbox (enqueued_at) SELECT now() FROM generate_series(1, 20000)`); err != nil {
-		t.Fatal(err)
-	}
-	j := New(Options{DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id"}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	t.Cleanup(j.closeDB)
-	if err := j.connect(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.statements(ctx); err != nil {
-		t.Fatal(err)
-	}
+		INSERT INTO event_outbox (enqueued_at) SELECT now() FROM generate_series(1, 20000)`)
 	var ids []string
 	rows, err := db.Query(ctx, `SELECT id::text FROM event_outbox WHERE published_at IS NULL ORDER BY enqueued_at OFFSET 5000 LIMIT 1000`)
 	if err != nil {
@@ -128,8 +106,10 @@ func TestIntegrationMarkStatementPlan(t *testing.T) {
 	}
 }
 
-// markDB starts a throwaway cluster and connects to its postgres database.
-func markDB(t *testing.T) (string, *pgx.Conn) {
+// markJanitor starts a throwaway cluster, runs setup (which creates
+// event_outbox) in its postgres database, and returns a janitor on that
+// table with its statements built, and a connection of the test's own.
+func markJanitor(t *testing.T, setup string) (*Janitor, *pgx.Conn) {
 	t.Helper()
 	ctx := context.Background()
 	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
@@ -143,7 +123,18 @@ func markDB(t *testing.T) (string, *pgx.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close(ctx) })
-	return url, db
+	if _, err := db.Exec(ctx, setup); err != nil {
+		t.Fatal(err)
+	}
+	j := New(Options{DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id"}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	t.Cleanup(j.closeDB)
+	if err := j.connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.statements(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return j, db
 }
 
 // TestIntegrationMarkStatementIDNotUnique: nothing makes the id column
@@ -153,16 +144,8 @@ func markDB(t *testing.T) (string, *pgx.Conn) {
 // that id is named missing, retried, and only then counted as gone.
 func TestIntegrationMarkStatementIDNotUnique(t *testing.T) {
 	ctx := context.Background()
-	url, db := markDB(t)
-	if _, err := db.Exec(ctx, `CREATE TABLE event_outbox (id text NOT NULL, published_at timestamptz);
-		INSERT INTO event_outbox (id) VALUES ('twice'), ('twice'), ('once')`); err != nil {
-		t.Fatal(err)
-	}
-	j := New(Options{DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id"}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	t.Cleanup(j.closeDB)
-	if err := j.connect(ctx); err != nil {
-		t.Fatal(err)
-	}
+	j, db := markJanitor(t, `CREATE TABLE event_outbox (id text NOT NULL, published_at timestamptz);
+		INSERT INTO event_outbox (id) VALUES ('twice'), ('twice'), ('once')`)
 	// 'late' is committed by a transaction still open: the janitor's
 	// snapshot cannot see it, as with a row acked before its commit is
 	// visible to other sessions.
