@@ -368,13 +368,7 @@ func TestIntegrationMonitorLock(t *testing.T) {
 // nor its lock: the same backend holds it turn after turn, without errors.
 func TestIntegrationMonitorIgnoresIdleSessionTimeout(t *testing.T) {
 	db, dbURL := database(t)
-	exec(t, db, `CREATE ROLE mon LOGIN PASSWORD 'mon-pw'; GRANT SELECT ON event_outbox TO mon; ALTER ROLE mon SET idle_session_timeout = '300ms'`)
-	u, err := url.Parse(testenv.WithApplicationName(t, dbURL, "mon_idle"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword("mon", "mon-pw")
-	r := start(t, Options{DatabaseURL: u.String(), Schema: "public", Table: "event_outbox", Interval: time.Second})
+	r := startAsRoleWith(t, db, dbURL, "idle_session_timeout = '300ms'", "mon_idle")
 	waitFor(t, "the monitor to hold the lock", func() bool { return isHolder(t, r) })
 	holder := lockHolder(t, db)
 	first := r.series(t)[lastSuccessKey]
@@ -389,6 +383,19 @@ func TestIntegrationMonitorIgnoresIdleSessionTimeout(t *testing.T) {
 
 const lastSuccessKey = "cdcrelay_monitor_last_success_timestamp_seconds{slot=s1}"
 
+// startAsRoleWith starts a monitor (1 s interval) as a role "mon" that may
+// read the outbox and has setting (`name = value`) as its role default.
+func startAsRoleWith(t *testing.T, db *pgx.Conn, dbURL, setting, app string) *running {
+	t.Helper()
+	exec(t, db, `CREATE ROLE mon LOGIN PASSWORD 'mon-pw'; GRANT SELECT ON event_outbox TO mon; ALTER ROLE mon SET `+setting)
+	u, err := url.Parse(testenv.WithApplicationName(t, dbURL, app))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("mon", "mon-pw")
+	return start(t, Options{DatabaseURL: u.String(), Schema: "public", Table: "event_outbox", Interval: time.Second})
+}
+
 // TestIntegrationMonitorIgnoresRoleStatementTimeout: a statement_timeout on
 // the role shorter than the backlog query takes does not fail every
 // refresh: the monitor bounds its statements itself.
@@ -396,13 +403,7 @@ func TestIntegrationMonitorIgnoresRoleStatementTimeout(t *testing.T) {
 	db, dbURL := database(t)
 	// A backlog the count takes more than the role's 1 ms to read.
 	exec(t, db, `INSERT INTO event_outbox (routing_key, payload) SELECT 'k', '{}' FROM generate_series(1, 200000)`)
-	exec(t, db, `CREATE ROLE mon LOGIN PASSWORD 'mon-pw'; GRANT SELECT ON event_outbox TO mon; ALTER ROLE mon SET statement_timeout = '1ms'`)
-	u, err := url.Parse(testenv.WithApplicationName(t, dbURL, "mon_timeout"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword("mon", "mon-pw")
-	r := start(t, Options{DatabaseURL: u.String(), Schema: "public", Table: "event_outbox", Interval: time.Second})
+	r := startAsRoleWith(t, db, dbURL, "statement_timeout = '1ms'", "mon_timeout")
 	waitFor(t, "the monitor to hold the lock", func() bool { return isHolder(t, r) })
 	first := r.series(t)[lastSuccessKey]
 	waitFor(t, "two more refreshes", func() bool { return r.series(t)[lastSuccessKey] >= first+2 })
