@@ -50,7 +50,7 @@ func TestScrubRemovesSecrets(t *testing.T) {
 	fs := scrub([]Finding{
 		{Check: "database", Message: `parse "postgres://relay:pg-S3cret%2Fx@db:5432/orders": boom`, Remedy: "pg-S3cret/x"},
 		{Check: "broker", Message: `parse "amqp://relay:mq-S3cret@mq:bad/": invalid port`, Remedy: "password mq-S3cret"},
-	}, secrets(cfg))
+	}, cfg.Scrub)
 	var b bytes.Buffer
 	Write(&b, fs)
 	for _, secret := range []string{"pg-S3cret", "mq-S3cret"} {
@@ -65,7 +65,7 @@ func TestScrubRemovesSecrets(t *testing.T) {
 
 func TestScrubKeyValueDSN(t *testing.T) {
 	cfg := config.Config{DatabaseURL: "host=db user=relay password=kv-S3cret dbname=orders"}
-	fs := scrub([]Finding{{Message: "saw kv-S3cret"}}, secrets(cfg))
+	fs := scrub([]Finding{{Message: "saw kv-S3cret"}}, cfg.Scrub)
 	if strings.Contains(fs[0].Message, "kv-S3cret") {
 		t.Fatal(fs[0].Message)
 	}

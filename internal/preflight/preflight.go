@@ -85,7 +85,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) []Finding {
 	var fs []Finding
 	fs = append(fs, databaseChecks(ctx, cfg, opts)...)
 	fs = append(fs, brokerChecks(ctx, cfg, opts)...)
-	return scrub(fs, secrets(cfg))
+	return scrub(fs, cfg.Scrub)
 }
 
 // Write prints one aligned line per finding (severity, check, message and,
@@ -129,10 +129,7 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\r", " ")), " ")
 }
 
-// secrets is the scrubber of cfg's URLs and passwords (config.Scrub).
-func secrets(cfg config.Config) func(string) string { return cfg.Scrub }
-
-// scrub replaces every secret in every finding.
+// scrub applies clean (config.Config.Scrub) to every field of every finding.
 func scrub(fs []Finding, clean func(string) string) []Finding {
 	for i := range fs {
 		fs[i].Check, fs[i].Message, fs[i].Remedy = clean(fs[i].Check), clean(fs[i].Message), clean(fs[i].Remedy)

@@ -29,7 +29,7 @@ func TestScrubQueryParameterPasswords(t *testing.T) {
 		fs := scrub([]Finding{
 			{Check: "database", Message: "cannot connect to " + c.dsn + ": boom", Remedy: "check " + q},
 			{Check: "tls", Message: "sslpassword " + strings.Join(c.secrets, " / ") + " did not decrypt the key"},
-		}, secrets(cfg))
+		}, cfg.Scrub)
 		var b bytes.Buffer
 		Write(&b, fs)
 		for _, s := range c.secrets {
