@@ -112,6 +112,9 @@ func newReader(conn stream, cfg ReaderConfig) *Reader {
 type stream interface {
 	ReceiveMessage(ctx context.Context) (pgproto3.BackendMessage, error)
 	SendStatus(ctx context.Context, s pglogrepl.StandbyStatusUpdate) error
+	// unwatch leaves the connection as its owner expects it once the
+	// reader is done with it (no receive deadline on the socket).
+	unwatch()
 }
 
 // pgStream is a stream over a real replication connection.
@@ -205,9 +208,7 @@ func (r *Reader) Run(ctx context.Context) error {
 		if r.recvCancel != nil {
 			r.recvCancel()
 		}
-		if s, ok := r.conn.(*pgStream); ok {
-			s.unwatch()
-		}
+		r.conn.unwatch()
 	}()
 	// stopping ends with SoftStop, so a receive in progress returns at once.
 	stopping, cancel := context.WithCancel(ctx)

@@ -41,6 +41,8 @@ func (f *fakeStream) ReceiveMessage(ctx context.Context) (pgproto3.BackendMessag
 	}
 }
 
+func (f *fakeStream) unwatch() {}
+
 func (f *fakeStream) SendStatus(_ context.Context, u pglogrepl.StandbyStatusUpdate) error {
 	f.updates <- u
 	return nil
