@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -137,16 +136,8 @@ func (b *bench) statementCalls(ctx context.Context, role string) (map[string]int
 	return calls, rows.Err()
 }
 
-// isRetention tells the retention run's statements (internal/retention:
-// the table's inspection, its size, the DELETE batches) from the others.
-func isRetention(query string) bool {
-	for _, s := range []string{"DELETE FROM", "pg_partition_tree", "indpred"} {
-		if strings.Contains(query, s) {
-			return true
-		}
-	}
-	return false
-}
+// isRetention tells the retention run's statements from the others.
+func isRetention(query string) bool { return containsAny(query, retentionSQL) }
 
 // pollingDrainer is the baseline: with the relay stopped, a drainer polls
 // the outbox every 250 ms for up to 100 rows and publishes them with

@@ -52,6 +52,9 @@ type pgBackend struct {
 var (
 	janitorSQL = []string{"SET published_at = now()", "SET attempts = attempts + 1", "format_type(a.atttypid"}
 	monitorSQL = []string{"AS unpublished", "bool_or(attname = 'enqueued_at')", "idle_session_timeout"}
+	// retention's (internal/retention): the table's inspection, its size,
+	// the DELETE batches; told apart in pg_stat_statements, not here.
+	retentionSQL = []string{"DELETE FROM", "pg_partition_tree", "indpred"}
 )
 
 // classify says who a backend works for; inserter is the inserting
