@@ -192,7 +192,7 @@ func httpHandler(reg *prometheus.Registry, r *relay.Relay) http.Handler {
 			http.Error(w, r.Status(), http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = io.WriteString(w, role.String()+"\n")
+		_, _ = io.WriteString(w, r.Status()+"\n") // the role, and what it waits for (a blocked broker)
 	})
 	return mux
 }

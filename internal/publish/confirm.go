@@ -15,7 +15,10 @@ import (
 
 // confirmLoop takes a lane's confirms in publish order. Acks arrive in any
 // order, within a lane and across lanes; walking each FIFO in order hands
-// the watermark every ack, and its contiguous-prefix rule does the rest.
+// the watermark every ack, and its contiguous-prefix rule does the rest. A
+// basic.return is only noted when it arrives, and acted on at its
+// message's turn: the events before it are acked first, so the next
+// session does not publish them again.
 func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflight, slots, bytes *semaphore.Weighted) error {
 	for {
 		select {
@@ -28,8 +31,13 @@ func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflig
 			}
 			bytes.Release(f.weight)
 			slots.Release(1)
+			if f.alone != nil {
+				close(f.alone)
+			}
 		case r, ok := <-l.returns:
-			return p.returned(l, r, ok)
+			if err := p.noteReturn(l, r, ok); err != nil {
+				return err
+			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -37,8 +45,13 @@ func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflig
 }
 
 func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
-	if f.dc == nil { // parked without a dead-letter exchange: nothing to confirm
-		p.acks.Parked(f.seq, f.id, f.parked)
+	switch {
+	case f.resumed:
+		p.Metrics.resumed.Inc()
+		p.acks.Resumed(f.seq, f.id, f.at)
+		p.Resume.unstall(f.at, p.Metrics)
+		return nil
+	case f.dc == nil: // parked without a dead-letter copy: already handed over
 		return nil
 	}
 	timer := time.NewTimer(p.ConfirmTimeout)
@@ -50,32 +63,13 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 			// message, and amqp091-go hands the return to our buffered
 			// channel before it resolves the confirmation: so a return for
 			// this message, if any, is already waiting here.
-			select {
-			case r, ok := <-l.returns:
-				return p.returned(l, r, ok)
-			default:
-			}
+			p.drainReturns(l)
 			p.Metrics.inFlight.Dec()
-			if !f.dc.Acked() {
-				if l.ch.IsClosed() {
-					return fmt.Errorf("%w while event %s was in flight", laneClosed(l), f.id)
-				}
-				p.Metrics.nacks.Inc()
-				return fmt.Errorf("%w: event %s (a queue refused it: overflow reject-publish or an internal error)", ErrNacked, f.id)
-			}
-			if f.parked != "" {
-				p.acks.Parked(f.seq, f.id, f.parked)
-				return nil
-			}
-			p.acks.Ack(f.seq, f.id)
-			now := time.Now()
-			p.Metrics.confirmLatency.Observe(now.Sub(f.sent).Seconds())
-			if !f.commit.IsZero() {
-				p.Metrics.commitToAck.Observe(now.Sub(f.commit).Seconds())
-			}
-			return nil
+			return p.settle(ctx, l, f)
 		case r, ok := <-l.returns:
-			return p.returned(l, r, ok)
+			if err := p.noteReturn(l, r, ok); err != nil {
+				return err
+			}
 		case <-timer.C:
 			// A blocked broker holds confirms back; that is flow control,
 			// not a failure, so the clock restarts once it lets go.
@@ -90,18 +84,63 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 	}
 }
 
-// returned turns a receive from a lane's returns channel into the
-// session's error. amqp091-go closes that channel when the channel or the
-// connection closes; the zero Return read from it then is a transport
-// failure, not a basic.return, and must not be counted or reported as one
-// (docs/architecture.md invariant 3).
-func (p *Publisher) returned(l *lane, r amqp.Return, ok bool) error {
-	if !ok {
-		return laneClosed(l)
+// settle handles a message whose confirmation resolved.
+func (p *Publisher) settle(ctx context.Context, l *lane, f inflight) error {
+	ret, returned := p.takeReturn(l, f)
+	if f.copyOf {
+		return p.settleCopy(l, f, returned)
 	}
-	p.Metrics.returns.Inc()
-	return fmt.Errorf("%w: event %s to exchange %q with routing key %q: %d %s (bind a queue for this key, or check the exchange)",
-		ErrReturned, r.MessageId, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+	if !f.dc.Acked() {
+		if l.ch.IsClosed() {
+			return p.closedWhile(l, f)
+		}
+		p.Metrics.nacks.Inc()
+		return fmt.Errorf("%w: event %s (a queue refused it: overflow reject-publish or an internal error)", ErrNacked, f.id)
+	}
+	if returned {
+		return p.unroutable(ctx, l, f, ret)
+	}
+	p.acks.Ack(f.seq, f.id, f.at)
+	p.Resume.unstall(f.at, p.Metrics)
+	now := time.Now()
+	p.Metrics.confirmLatency.Observe(now.Sub(f.sent).Seconds())
+	if !f.commit.IsZero() {
+		p.Metrics.commitToAck.Observe(now.Sub(f.commit).Seconds())
+	}
+	return nil
+}
+
+// settleCopy counts a dead-letter copy the broker did not take. Its row
+// is parked already; nothing waits for the copy, so it never stalls
+// anything (invariant 3). Only a closed channel ends the session, as any
+// closed channel does; a copy refused while it was alone in flight is not
+// sent again.
+func (p *Publisher) settleCopy(l *lane, f inflight, returned bool) error {
+	var outcome string
+	switch {
+	case !f.dc.Acked() && l.ch.IsClosed():
+		err := fmt.Errorf("%w while the dead-letter copy of event %s was in flight", laneClosed(l), LogID(f.id))
+		e := l.closeReason()
+		if e == nil || f.alone == nil {
+			return err
+		}
+		p.Resume.refuseCopy(f.at)
+		p.Metrics.deadLetter.WithLabelValues("refused").Inc()
+		p.Log.Error("the broker refused a parked event's dead-letter copy; the row stays parked, and its copy is not sent again",
+			"event", LogID(f.id), "dead_letter_exchange", f.exchange, "reason", clipText(e.Reason))
+		return err
+	case !f.dc.Acked():
+		outcome = "nacked"
+	case returned:
+		outcome = "returned"
+	default:
+		return nil
+	}
+	p.Metrics.deadLetter.WithLabelValues(outcome).Inc()
+	p.Log.Error("a parked event's dead-letter copy was not taken by the broker; the row stays parked and the stream goes on",
+		"event", LogID(f.id), "outcome", outcome, "dead_letter_exchange", f.exchange, "routing_key", f.key,
+		"remedy", "bind a queue to the dead-letter exchange for this routing key (or '#')")
+	return nil
 }
 
 // watch turns connection and channel closure into errors and tracks flow
@@ -131,6 +170,9 @@ func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
 				continue
 			}
 			p.blocked.Store(b.Active)
+			if p.OnBlocked != nil {
+				p.OnBlocked(b.Active, b.Reason)
+			}
 			if b.Active {
 				p.Metrics.blocked.Set(1)
 				p.Log.Warn("broker is blocking publishers (resource alarm); publishing paused", "reason", b.Reason)
@@ -168,14 +210,15 @@ func closedError(what string, e *amqp.Error, ok bool) error {
 	if e.Code == amqp.NotFound {
 		msg += ": the exchange does not exist (deleted?): declare it (the relay does not declare topology), or fix CDCRELAY_EXCHANGE or the row's exchange column (CDCRELAY_EXCHANGE_COLUMN)"
 	}
-	return &brokerClosed{msg: msg, reason: e}
+	return &brokerClosed{msg: msg, reason: e, channel: what == "channel"}
 }
 
 // brokerClosed is a channel or connection the broker closed, with its
 // reason.
 type brokerClosed struct {
-	msg    string
-	reason *amqp.Error
+	msg     string
+	reason  *amqp.Error
+	channel bool // a channel, not the whole connection: the broker refused something on it
 }
 
 func (b *brokerClosed) Error() string   { return b.msg }

@@ -24,12 +24,14 @@ type recordingAcker struct {
 	acked []string
 }
 
-func (a *recordingAcker) Ack(_ uint64, id string) {
+func (a *recordingAcker) Resumed(uint64, string, wal.Place) {}
+
+func (a *recordingAcker) Ack(_ uint64, id string, _ wal.Place) {
 	a.mu.Lock()
 	a.acked = append(a.acked, id)
 	a.mu.Unlock()
 }
-func (a *recordingAcker) Parked(_ uint64, id, _ string) {
+func (a *recordingAcker) Parked(_ uint64, id string, _ wal.Place, _ string) {
 	a.mu.Lock()
 	a.acked = append(a.acked, "parked:"+id)
 	a.mu.Unlock()

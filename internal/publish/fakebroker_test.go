@@ -65,6 +65,7 @@ type fakeBroker struct {
 	log     [][]logEntry
 	refused map[[2]int][]logEntry
 	everDLX map[string]bool
+	dlxSent map[string]bool // a dead-letter copy was published, whatever became of it
 
 	stats    modelStats
 	problems []string
@@ -111,6 +112,7 @@ type fakeMsg struct {
 	id       string
 	exchange string
 	key      string
+	headers  amqp.Table
 	fate     fate
 	done     chan struct{}
 	ack      bool
@@ -131,7 +133,7 @@ func (m *fakeMsg) Acked() bool {
 func newFakeBroker(seed uint64, channels int) *fakeBroker {
 	return &fakeBroker{
 		rng: rand.New(rand.NewPCG(seed, seed^1)), exchange: "outbox", channels: channels,
-		keys: []string{"k"}, log: make([][]logEntry, channels), refused: map[[2]int][]logEntry{}, everDLX: map[string]bool{},
+		keys: []string{"k"}, log: make([][]logEntry, channels), refused: map[[2]int][]logEntry{}, everDLX: map[string]bool{}, dlxSent: map[string]bool{},
 	}
 }
 
@@ -196,12 +198,13 @@ func (c *fakeChannel) PublishWithDeferredConfirmWithContext(ctx context.Context,
 		b.problem("event %s published to unknown exchange %q", msg.MessageId, exchange)
 	}
 	c.tag++
-	m := &fakeMsg{tag: c.tag, id: msg.MessageId, exchange: exchange, key: key, done: make(chan struct{}), fate: c.decide(main, key)}
+	m := &fakeMsg{tag: c.tag, id: msg.MessageId, exchange: exchange, key: key, headers: msg.Headers, done: make(chan struct{}), fate: c.decide(main, key)}
 	c.out[c.tag] = m
 	b.stats.published++
 	e := logEntry{id: m.id, session: b.session, tag: m.tag}
 	switch {
 	case !main:
+		b.dlxSent[m.id] = true
 	case m.fate == fateEnqueue:
 		b.log[c.index] = append(b.log[c.index], e)
 	default:
@@ -304,7 +307,7 @@ func (b *fakeBroker) confirm(multiple, oldest bool) bool {
 		if m := c.out[t]; m.fate == fateReturn {
 			b.returns++
 			b.stats.returns++
-			r := amqp.Return{ReplyCode: amqp.NoRoute, ReplyText: "NO_ROUTE", Exchange: m.exchange, RoutingKey: m.key, MessageId: m.id}
+			r := amqp.Return{ReplyCode: amqp.NoRoute, ReplyText: "NO_ROUTE", Exchange: m.exchange, RoutingKey: m.key, MessageId: m.id, Headers: m.headers}
 			select {
 			case c.returns <- r:
 			default:

@@ -13,6 +13,10 @@ type Metrics struct {
 	poison         prometheus.Counter
 	confirmLatency prometheus.Histogram
 	commitToAck    prometheus.Histogram
+	resumed        prometheus.Counter
+	stalled        *prometheus.GaugeVec
+	deadLetter     *prometheus.CounterVec
+	brokerLimit    prometheus.Gauge
 }
 
 // NewMetrics registers the publisher's metrics with reg.
@@ -46,7 +50,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "cdcrelay_commit_to_ack_seconds", Help: "Time from the PostgreSQL commit to the broker confirm.", Buckets: buckets,
 		}),
+		resumed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_resumed_events_total", Help: "Events not published again because an earlier session had them acknowledged and marked (a session that ended inside a transaction).",
+		}),
+		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "cdcrelay_stalled_event_info", Help: "1 while the stream is stalled on this row: the broker cannot route it and CDCRELAY_UNROUTABLE=stall (cause no_route: no binding; no_exchange: the row's exchange does not exist).",
+		}, []string{"id", "exchange", "routing_key", "cause"}),
+		deadLetter: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cdcrelay_dead_letter_failures_total", Help: "Dead-letter copies of parked rows the broker did not take (returned, nacked, or refused by closing the channel); the rows are parked all the same.",
+		}, []string{"outcome"}),
+		brokerLimit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_broker_max_message_bytes", Help: "The broker's max_message_size, learned from a refusal; 0 until known.",
+		}),
 	}
+	for _, o := range []string{"returned", "nacked", "refused"} {
+		m.deadLetter.WithLabelValues(o)
+	}
+	reg.MustRegister(m.resumed, m.stalled, m.deadLetter, m.brokerLimit)
 	reg.MustRegister(m.published, m.bytes, m.inFlight, m.nacks, m.returns, m.blocked, m.poison, m.confirmLatency, m.commitToAck)
 	return m
 }

@@ -119,10 +119,12 @@ type model struct {
 	metrics *Metrics
 	log     *slog.Logger
 
-	slot   pglogrepl.LSN // the slot's confirmed position
-	marked map[string]bool
-	parked map[string]bool
-	trace  []string
+	slot    pglogrepl.LSN // the slot's confirmed position
+	marked  map[string]bool
+	parked  map[string]bool
+	resume  *Resume // what sessions leave the next, as the relay keeps it
+	resumed int     // events skipped as done by an earlier session
+	trace   []string
 }
 
 func newModel(t testing.TB, seed uint64, o modelOpts) *model {
@@ -130,7 +132,7 @@ func newModel(t testing.TB, seed uint64, o modelOpts) *model {
 	m := &model{
 		t: t, o: o, rng: rng, events: map[string]*modelEvent{},
 		metrics: NewMetrics(prometheus.NewRegistry()), log: slog.New(slog.DiscardHandler),
-		marked: map[string]bool{}, parked: map[string]bool{},
+		marked: map[string]bool{}, parked: map[string]bool{}, resume: &Resume{},
 	}
 	keys := make([]string, 1+rng.IntN(6))
 	for i := range keys {
@@ -225,16 +227,19 @@ type session struct {
 	checked int // txns[:checked] have been verified as passed
 
 	// Guarded by m.b.mu: seq → id, what the Acker was told.
-	seqID  map[uint64]string
-	acked  map[uint64]bool
-	parked map[string]bool
+	seqID   map[uint64]string
+	acked   map[uint64]bool
+	parked  map[string]bool
+	resumed map[string]bool
+
+	p *Publisher
 }
 
 func (m *model) newSession() *session {
 	s := &session{
 		m: m, start: m.slot, w: slot.NewWatermark(m.slot), in: make(chan wal.Event, m.o.inBuffer),
 		done: make(chan error, 1), sent: m.slot, lastP: m.slot,
-		seqID: map[uint64]string{}, acked: map[uint64]bool{}, parked: map[string]bool{},
+		seqID: map[uint64]string{}, acked: map[uint64]bool{}, parked: map[string]bool{}, resumed: map[string]bool{},
 	}
 	for i, txn := range m.txns {
 		if txn.end > m.slot {
@@ -249,8 +254,10 @@ func (m *model) newSession() *session {
 		MaxInFlight: m.o.maxInFlight, MaxInFlightBytes: m.o.maxBytes,
 		ConfirmTimeout:  time.Hour, // never fires: the model has no clock
 		MaxMessageBytes: 1 << 20, Poison: Park, DeadLetterExchange: m.b.dlx,
-		Log: m.log, Metrics: m.metrics,
+		Log: m.log, Metrics: m.metrics, Resume: m.resume,
 	})
+	m.resume.Begin(time.Now())
+	s.p = p
 	s.drained = p.Drained()
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -267,7 +274,7 @@ func (m *model) newSession() *session {
 // only reports what the broker confirmed.
 type modelAcker struct{ s *session }
 
-func (a modelAcker) Ack(seq uint64, id string) {
+func (a modelAcker) Ack(seq uint64, id string, at wal.Place) {
 	s := a.s
 	b := s.m.b
 	b.mu.Lock()
@@ -280,14 +287,18 @@ func (a modelAcker) Ack(seq uint64, id string) {
 		b.problem("Ack(%d, %s) for a poison event", seq, id)
 	case !b.sessionAcked[id]:
 		b.problem("Ack(%d, %s) but the broker did not ack it in this session", seq, id)
+	case e.ev.Place() != at:
+		b.problem("Ack(%d, %s) at %s, the event is at %s", seq, id, at, e.ev.Place())
 	}
 	s.acked[seq] = true
 	s.m.marked[id] = true // the janitor sets published_at
 	b.mu.Unlock()
-	s.w.Ack(seq)
+	s.w.AckAt(seq, at, id)
 }
 
-func (a modelAcker) Parked(seq uint64, id, reason string) {
+// Parked comes before the dead-letter copy is even sent: the row is
+// recorded whatever the broker does with the copy.
+func (a modelAcker) Parked(seq uint64, id string, at wal.Place, reason string) {
 	s := a.s
 	b := s.m.b
 	b.mu.Lock()
@@ -298,14 +309,35 @@ func (a modelAcker) Parked(seq uint64, id, reason string) {
 		b.problem("Parked(%d, %s) twice", seq, id)
 	case e == nil || !e.poison:
 		b.problem("Parked(%d, %s) for a valid event: %s", seq, id, reason)
-	case b.dlx != "" && !b.dlxAcked[id]:
-		b.problem("Parked(%d, %s) before the dead-letter exchange acked it", seq, id)
 	}
 	s.acked[seq] = true
 	s.parked[id] = true
 	s.m.parked[id] = true // the janitor records last_error
 	b.mu.Unlock()
-	s.w.Ack(seq)
+	s.w.AckAt(seq, at, id)
+}
+
+// Resumed is an event skipped because an earlier session had it acked and
+// marked (or parked): it must be so.
+func (a modelAcker) Resumed(seq uint64, id string, at wal.Place) {
+	s := a.s
+	b := s.m.b
+	b.mu.Lock()
+	switch e := s.m.events[id]; {
+	case s.seqID[seq] != id:
+		b.problem("Resumed(%d, %s): seq %d is event %q", seq, id, seq, s.seqID[seq])
+	case s.acked[seq]:
+		b.problem("Resumed(%d, %s) twice", seq, id)
+	case e == nil:
+		b.problem("Resumed(%d, %s): no such event", seq, id)
+	case !s.m.marked[id] && !s.m.parked[id]:
+		b.problem("Resumed(%d, %s) but no earlier session marked or parked it", seq, id)
+	}
+	s.acked[seq] = true
+	s.resumed[id] = true
+	s.m.resumed++
+	b.mu.Unlock()
+	s.w.AckAt(seq, at, id)
 }
 
 // read plays one turn of wal.Reader.Run: offer the pending event to In
@@ -404,9 +436,9 @@ func (s *session) check() {
 		m.b.mu.Lock()
 		for _, e := range s.txns[s.checked].events {
 			id := e.ev.ID
-			ok := m.b.sessionAcked[id]
+			ok := m.b.sessionAcked[id] || s.resumed[id]
 			if e.poison {
-				ok = s.parked[id] && (m.b.dlx == "" || m.b.dlxAcked[id])
+				ok = s.parked[id] || s.resumed[id]
 			}
 			if !ok {
 				m.b.mu.Unlock()
@@ -433,6 +465,13 @@ func (s *session) finish(err error, graceful bool) {
 		s.status()
 	}
 	m.slot = max(m.slot, s.sent)
+	if err != nil { // as the relay's stream does after a failed session
+		if at, id, ok := s.w.Done(); ok {
+			m.resume.Done(at, id)
+		}
+		last, ok := s.p.Last()
+		m.resume.Failed(last, ok, Refusal(err))
+	}
 	m.b.mu.Lock()
 	nacks, returns := m.b.nacks, m.b.returns
 	m.b.mu.Unlock()
@@ -632,7 +671,7 @@ func (m *model) finalChecks() {
 		switch {
 		case e.poison && !m.parked[id]:
 			m.fail("poison event %s never parked", id)
-		case e.poison && b.dlx != "" && !b.everDLX[id]:
+		case e.poison && b.dlx != "" && !b.dlxSent[id]:
 			m.fail("poison event %s never dead-lettered", id)
 		case e.poison && (delivered[id] || m.marked[id]):
 			m.fail("poison event %s delivered or marked published", id)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,11 +26,15 @@ var (
 	ErrClosed         = errors.New("broker connection closed")
 )
 
-// Acker learns the fate of each event, in publish order: acknowledged by
-// the broker, or parked as poison (and dead-lettered, if configured).
+// Acker learns the fate of each event: acknowledged by the broker, parked
+// as poison (recorded before any dead-letter copy, whose fate never holds
+// the event back), or resumed: acknowledged and marked in an earlier session
+// (Resume), so not published again. Each event's place in the stream comes
+// with it, for the next session's Resume.
 type Acker interface {
-	Ack(seq uint64, id string)
-	Parked(seq uint64, id, reason string)
+	Ack(seq uint64, id string, at wal.Place)
+	Parked(seq uint64, id string, at wal.Place, reason string)
+	Resumed(seq uint64, id string, at wal.Place)
 }
 
 // PublisherConfig is the publisher's configuration: the same for every
@@ -41,13 +46,26 @@ type PublisherConfig struct {
 	ConfirmTimeout   time.Duration
 	MaxMessageBytes  int64
 	Poison           PoisonPolicy
-	// DeadLetterExchange, if set, receives parked poison events.
+	// DeadLetterExchange, if set, receives a copy of each parked poison
+	// event; a copy the broker does not take is counted and logged, never
+	// retried (invariant 3).
 	DeadLetterExchange string
+	// Unroutable says what a row the broker cannot route becomes: a stall
+	// (the session ends and the row is published again, in order) or poison.
+	Unroutable UnroutablePolicy
 	// Refused, if set, remembers across sessions the events the client
-	// library refused to encode, and makes the publisher park them.
+	// library refused to encode or the broker refused for their content,
+	// and makes the publisher park them.
 	Refused *Refusals
-	Log     *slog.Logger // nil: discard
-	Metrics *Metrics     // nil: registered nowhere
+	// Resume, if set, carries what earlier sessions learned: events done
+	// before (skipped), where to publish one at a time, the broker's
+	// message size limit, the row the stream is stalled on.
+	Resume *Resume
+	// OnBlocked, if set, hears when the broker starts and stops blocking
+	// publishers (connection.blocked), with the broker's reason.
+	OnBlocked func(active bool, reason string)
+	Log       *slog.Logger // nil: discard
+	Metrics   *Metrics     // nil: registered nowhere
 }
 
 // Publisher publishes events from its input on the Link's confirm-mode
@@ -77,7 +95,26 @@ type Publisher struct {
 
 	blocked   atomic.Bool
 	unblocked atomic.Int64 // unix nanos of the last unblock
+
+	returns returnBook // returned messages waiting for their confirm's turn
+
+	lastMu  sync.Mutex
+	last    wal.Place // the newest streamed event published (Last)
+	lastSet bool
 }
+
+// UnroutablePolicy is what a row the broker cannot route becomes.
+type UnroutablePolicy int
+
+// The unroutable policies.
+const (
+	// StallUnroutable ends the session on the row: it is published again,
+	// first, by every next session until a binding (or its exchange)
+	// exists; events after it wait, and keep their order.
+	StallUnroutable UnroutablePolicy = iota
+	// ParkUnroutable hands the row to the poison policy.
+	ParkUnroutable
+)
 
 // NewPublisher returns the publisher of one session: it publishes the
 // events of in on link and reports their fate to acks. budget may be nil
@@ -97,15 +134,33 @@ func NewPublisher(link *Link, in <-chan wal.Event, acks Acker, budget *semaphore
 // closed when Run fails.
 func (p *Publisher) Drained() <-chan struct{} { return p.drained }
 
-// inflight is a published message awaiting its confirm.
+// inflight is an event on its way through a lane's FIFO: a published
+// message awaiting its confirm, a parked event's dead-letter copy, or an
+// event that needs no confirm (parked without a copy, or resumed).
 type inflight struct {
-	dc     confirmation
-	seq    uint64
-	id     string
-	weight int64
-	sent   time.Time
-	commit time.Time
-	parked string // poison reason; dc is nil unless it was dead-lettered
+	dc       confirmation // nil: nothing to confirm
+	seq      uint64
+	id       string
+	at       wal.Place
+	weight   int64
+	sent     time.Time
+	commit   time.Time
+	exchange string // where it went, for the errors that name it
+	key      string
+	// rowExchange: the exchange came from the row's exchange column, so a
+	// missing exchange is the row's problem (CDCRELAY_UNROUTABLE).
+	rowExchange bool
+	// copyOf is set on a parked event's dead-letter copy: the row is
+	// parked already, and the copy's fate is only counted.
+	copyOf  bool
+	resumed bool // done in an earlier session: not published
+	// ev is kept only when a return can make the event poison with a
+	// dead-letter copy to send (parkLate); its bytes are in the budget
+	// until the confirm is handled anyway.
+	ev *wal.Event
+	// alone, when set, is closed once this message's confirm is handled:
+	// the lane publishes nothing else until then (Resume, careful mode).
+	alone chan struct{}
 }
 
 // Run publishes until the input is closed and drained, ctx ends or a failure.
@@ -240,15 +295,39 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 				return err
 			}
 		}
-		f, err := p.publish(ctx, l, &ev)
-		if err != nil {
-			return err
+		v := p.Resume.judge(&ev, time.Now())
+		var f inflight
+		switch v {
+		case skipDone:
+			f = inflight{seq: ev.Seq, id: ev.ID, at: ev.Place(), resumed: true}
+		case skipUnverified:
+			p.Log.Warn("the stream does not hold the event an earlier session left off at; publishing everything again",
+				"event", LogID(ev.ID), "place", ev.Place())
+			fallthrough
+		default:
+			var err error
+			if f, err = p.publish(ctx, l, &ev); err != nil {
+				return err
+			}
+			if p.Unroutable == ParkUnroutable && p.DeadLetterExchange != "" && f.dc != nil && !f.copyOf {
+				f.ev = &ev
+			}
 		}
 		f.weight = weight
+		if v == publishAlone && f.dc != nil {
+			f.alone = make(chan struct{})
+		}
 		select {
 		case fifo <- f:
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+		if f.alone != nil {
+			select {
+			case <-f.alone:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 	}
 }
@@ -256,21 +335,21 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 // publish sends one event, or handles it by the poison policy when it can
 // never become a valid message.
 func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event) (inflight, error) {
-	f := inflight{seq: ev.Seq, id: ev.ID, sent: time.Now(), commit: ev.CommitTime}
+	f := inflight{seq: ev.Seq, id: ev.ID, at: ev.Place(), sent: time.Now(), commit: ev.CommitTime,
+		exchange: p.Exchange, key: ev.RoutingKey}
 	if ev.Backfill { // not a commit time: kept out of commit-to-ack
 		f.commit = time.Time{}
 	}
-	exchange := p.Exchange
 	if ev.Exchange != "" {
-		exchange = ev.Exchange
+		f.exchange, f.rowExchange = ev.Exchange, true
 	}
-	msg, reason := p.build(ev, exchange)
+	msg, reason := p.build(ev, f.exchange)
 	if reason != "" {
 		return p.poison(ctx, l, ev, f, reason)
 	}
 	// mandatory: an unroutable message comes back as basic.return, which is
 	// a failure, never a silent drop.
-	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, ev.RoutingKey, true, false, msg)
+	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, f.exchange, ev.RoutingKey, true, false, msg)
 	if err != nil {
 		if e := l.closeReason(); e != nil { // the broker closed the channel: say why
 			return f, fmt.Errorf("publish event %s: %w", LogID(ev.ID), closedError("channel", e, true))
@@ -278,11 +357,32 @@ func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event) (inflig
 		return f, p.publishError(ev, err)
 	}
 	failpoint.Hit(failpoint.AfterPublish)
+	if !ev.Backfill {
+		p.noteLast(f.at)
+	}
 	p.Metrics.published.Inc()
 	p.Metrics.bytes.Add(float64(len(msg.Body)))
 	p.Metrics.inFlight.Inc()
 	f.dc = dc
 	return f, nil
+}
+
+// noteLast records the newest streamed event published (Last).
+func (p *Publisher) noteLast(at wal.Place) {
+	p.lastMu.Lock()
+	defer p.lastMu.Unlock()
+	if !p.lastSet || p.last.Before(at) {
+		p.last, p.lastSet = at, true
+	}
+}
+
+// Last is the place of the newest streamed event this publisher published;
+// ok is false when it published none. After a failed Run, the next session
+// publishes up to there one at a time (Resume.Failed).
+func (p *Publisher) Last() (at wal.Place, ok bool) {
+	p.lastMu.Lock()
+	defer p.lastMu.Unlock()
+	return p.last, p.lastSet
 }
 
 // build makes ev's message, or says why it can never be sent: the decision
@@ -298,6 +398,9 @@ func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, stri
 	msg, err := Message(ev)
 	if err != nil {
 		return amqp.Publishing{}, clipText(err.Error())
+	}
+	if limit := p.Resume.BrokerLimit(); limit > 0 && int64(len(msg.Body)) > limit {
+		return amqp.Publishing{}, fmt.Sprintf("message body is %d bytes, above the broker's max_message_size (%d)", len(msg.Body), limit)
 	}
 	return msg, Unsendable(exchange, ev.RoutingKey, &msg, p.frameMax())
 }
@@ -329,7 +432,11 @@ func (p *Publisher) frameMax() int {
 
 // poison applies the policy to an event that can never be published. Only
 // the event's own content leads here: transport failures never do, so they
-// never count as attempts.
+// never count as attempts. A parked event is handed to the Acker as soon as
+// its dead-letter copy is sent (or at once, without one): the row is
+// recorded whatever the broker then does with the copy, which is only
+// counted (invariant 3). A crash after parking can lose the copy; the
+// row's last_error is the record.
 func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (inflight, error) {
 	p.Metrics.poison.Inc()
 	if p.Poison == Stop {
@@ -337,26 +444,54 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 	}
 	p.Log.Error("parking poison event: left unpublished with last_error set", "event", LogID(ev.ID), "reason", reason,
 		"dead_letter_exchange", p.DeadLetterExchange)
-	f.parked = reason
+	defer p.Resume.unstall(f.at, p.Metrics)
 	if p.DeadLetterExchange == "" {
+		p.acks.Parked(f.seq, f.id, f.at, reason)
 		return f, nil
 	}
-	key := ev.RoutingKey
+	if p.Resume.copyRefused(f.at) {
+		p.Log.Warn("poison event not dead-lettered: the broker refused its copy in an earlier session", "event", LogID(ev.ID))
+		p.acks.Parked(f.seq, f.id, f.at, reason)
+		return f, nil
+	}
+	dc, key, err := p.sendCopy(ctx, l, ev, reason)
+	if err != nil {
+		return f, err
+	}
+	p.acks.Parked(f.seq, f.id, f.at, reason)
+	if dc != nil {
+		p.Metrics.inFlight.Inc()
+		f.dc, f.copyOf, f.exchange, f.key, f.rowExchange = dc, true, p.DeadLetterExchange, key, false
+	}
+	return f, nil
+}
+
+// sendCopy publishes ev's dead-letter copy; dc is nil when none can be
+// sent.
+func (p *Publisher) sendCopy(ctx context.Context, l *lane, ev *wal.Event, reason string) (dc confirmation, key string, err error) {
+	key = ev.RoutingKey
 	if len(key) > maxShortString {
 		key = ""
 	}
-	msg := deadLetter(ev, reason, p.MaxMessageBytes)
+	msg := deadLetter(ev, reason, p.copyLimit())
 	if why := Unsendable(p.DeadLetterExchange, key, &msg, p.frameMax()); why != "" {
 		// Never expected (deadLetter builds a sendable message); parking
 		// without the copy beats a restart loop.
 		p.Log.Error("poison event not dead-lettered: its dead letter cannot be sent", "event", LogID(ev.ID), "reason", why)
-		return f, nil
+		return nil, key, nil
 	}
-	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, msg)
+	dc, err = l.ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, msg)
 	if err != nil {
-		return f, fmt.Errorf("dead-letter event %s: %w", LogID(ev.ID), err)
+		return nil, key, fmt.Errorf("dead-letter event %s: %w", LogID(ev.ID), err)
 	}
-	p.Metrics.inFlight.Inc()
-	f.dc = dc
-	return f, nil
+	return dc, key, nil
+}
+
+// copyLimit is the largest body a dead-letter copy may carry: the relay's
+// limit, or the broker's when it is known to be lower.
+func (p *Publisher) copyLimit() int64 {
+	if limit := p.Resume.BrokerLimit(); limit > 0 && limit < p.MaxMessageBytes {
+		return limit
+	}
+	return p.MaxMessageBytes
 }

@@ -37,7 +37,10 @@ func refusalOf(ev *wal.Event) refusal {
 }
 
 // add records why ev could not be encoded.
-func (r *Refusals) add(ev *wal.Event, reason string) {
+func (r *Refusals) add(ev *wal.Event, reason string) { r.addAt(ev.ID, ev.Place(), reason) }
+
+// addAt records why the event id at place at was refused.
+func (r *Refusals) addAt(id string, at wal.Place, reason string) {
 	if r == nil {
 		return
 	}
@@ -46,7 +49,7 @@ func (r *Refusals) add(ev *wal.Event, reason string) {
 	if r.m == nil || len(r.m) >= maxRefusals {
 		r.m = make(map[refusal]string)
 	}
-	r.m[refusalOf(ev)] = reason
+	r.m[refusal{id: id, commitLSN: at.CommitLSN, index: at.Index}] = reason
 }
 
 // reason is why ev was refused in an earlier session, or "".

@@ -16,8 +16,9 @@ import (
 
 type spreadTestAcker struct{}
 
-func (spreadTestAcker) Ack(uint64, string)            {}
-func (spreadTestAcker) Parked(uint64, string, string) {}
+func (spreadTestAcker) Ack(uint64, string, wal.Place)            {}
+func (spreadTestAcker) Parked(uint64, string, wal.Place, string) {}
+func (spreadTestAcker) Resumed(uint64, string, wal.Place)        {}
 
 // A failed session must end even when no new event arrives: the relay
 // restarts both sides only once Run returns. With several channels the

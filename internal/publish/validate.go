@@ -51,6 +51,9 @@ func Unsendable(exchange, key string, msg *amqp.Publishing, frameMax int) string
 		if bad != nil {
 			return bad.reason("headers")
 		}
+		if why := brokerHeaderRules(msg.Headers); why != "" {
+			return why
+		}
 		size += 4 + n
 	}
 	if frameMax > 0 && size > frameMax-frameOverhead {
@@ -60,6 +63,52 @@ func Unsendable(exchange, key string, msg *amqp.Publishing, frameMax int) string
 		return fmt.Sprintf("message properties (headers included) encode to %d bytes, above AMQP's 4 GiB frame limit", size)
 	}
 	return ""
+}
+
+// brokerHeaderRules returns why RabbitMQ would refuse these headers, or "".
+// The broker reads CC and BCC as extra routing keys (sender-selected
+// distribution) and closes the channel (406, unacceptable_type_in_header)
+// when either is anything but an array of strings. A rule the broker
+// enforces and this function does not know is still caught at run time:
+// the refusal closes the channel, the next session publishes one message
+// at a time and the refused one becomes poison (returns.go, closedWhile).
+func brokerHeaderRules(h amqp.Table) string {
+	for _, name := range []string{"CC", "BCC"} {
+		v, ok := h[name]
+		if !ok {
+			continue
+		}
+		list, ok := v.([]any)
+		if !ok {
+			return fmt.Sprintf("header %s is %s; RabbitMQ accepts only an array of strings there (sender-selected routing keys)", name, amqpTypeName(v))
+		}
+		for i, e := range list {
+			if _, ok := e.(string); !ok {
+				return fmt.Sprintf("header %s[%d] is %s; RabbitMQ accepts only strings in %s (sender-selected routing keys)", name, i, amqpTypeName(e), name)
+			}
+		}
+	}
+	return ""
+}
+
+// amqpTypeName names a header value's type for an operator.
+func amqpTypeName(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	case amqp.Table:
+		return "an object"
+	case []any:
+		return "an array"
+	case float32, float64, int, int8, int16, int32, int64, uint8, uint16, uint32, uint64:
+		return "a number"
+	default:
+		return fmt.Sprintf("of type %T", v)
+	}
 }
 
 // propertiesSize is the encoded size of every property but the headers:

@@ -350,3 +350,31 @@ func TestLaneCloseReason(t *testing.T) {
 		t.Fatalf("lane without a reason channel: %v", e)
 	}
 }
+
+// TestBrokerHeaderRules: CC and BCC must be arrays of strings, as RabbitMQ
+// requires (it closes the channel otherwise); every other header is free.
+func TestBrokerHeaderRules(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		headers amqp.Table
+		want    string // a fragment of the reason; "" for none
+	}{
+		{"no routing headers", amqp.Table{"x": "y", "cc": "lower case is not CC"}, ""},
+		{"CC array of strings", amqp.Table{"CC": []any{"a.b", "c"}}, ""},
+		{"BCC empty array", amqp.Table{"BCC": []any{}}, ""},
+		{"CC string", amqp.Table{"CC": "x"}, "header CC is a string"},
+		{"BCC number", amqp.Table{"BCC": int64(7)}, "header BCC is a number"},
+		{"CC object", amqp.Table{"CC": amqp.Table{"a": "b"}}, "header CC is an object"},
+		{"CC null", amqp.Table{"CC": nil}, "header CC is null"},
+		{"CC array with a number", amqp.Table{"CC": []any{"a", 1.5}}, "header CC[1] is a number"},
+		{"BCC array with an array", amqp.Table{"BCC": []any{[]any{"a"}}}, "header BCC[0] is an array"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			msg := amqp.Publishing{Headers: c.headers, Body: []byte(`{}`)}
+			got := Unsendable("events", "k", &msg, 131072)
+			if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
+				t.Fatalf("Unsendable = %q, want %q", got, c.want)
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/slot"
+	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
 // acks hands each confirm to the outcomes recorder (the janitor), and its
@@ -28,37 +29,46 @@ func newAcks(ctx context.Context, watermark *slot.Watermark, outcomes Outcomes) 
 	return acks{ctx: ctx, watermark: watermark, outcomes: outcomes, open: new(atomic.Int64)}
 }
 
-func (a acks) Ack(seq uint64, id string) {
-	a.hand(seq, func(done func()) error { return a.outcomes.Mark(a.ctx, id, done) })
+func (a acks) Ack(seq uint64, id string, at wal.Place) {
+	a.hand(seq, at, id, func(done func()) error { return a.outcomes.Mark(a.ctx, id, done) })
 }
 
 // Parked moves the watermark past a poison event once it is recorded on
 // its row (or recording proved impossible): never published as is.
-func (a acks) Parked(seq uint64, id, reason string) {
-	a.hand(seq, func(done func()) error { return a.outcomes.Park(a.ctx, id, reason, done) })
+func (a acks) Parked(seq uint64, id string, at wal.Place, reason string) {
+	a.hand(seq, at, id, func(done func()) error { return a.outcomes.Park(a.ctx, id, reason, done) })
+}
+
+// Resumed moves the watermark past an event an earlier session had acked
+// and marked (publish.Resume): its row needs nothing more.
+func (a acks) Resumed(seq uint64, id string, at wal.Place) {
+	if a.count != nil {
+		a.count.Inc()
+	}
+	a.watermark.AckAt(seq, at, id)
 }
 
 // hand gives event seq to outcomes through give, whose done callback
 // acks the watermark; without outcomes the watermark is acked at once.
-func (a acks) hand(seq uint64, give func(done func()) error) {
+func (a acks) hand(seq uint64, at wal.Place, id string, give func(done func()) error) {
 	if a.count != nil {
 		a.count.Inc()
 	}
 	if a.outcomes == nil {
-		a.watermark.Ack(seq)
+		a.watermark.AckAt(seq, at, id)
 		return
 	}
 	a.open.Add(1)
-	if give(a.done(seq)) != nil {
+	if give(a.done(seq, at, id)) != nil {
 		a.open.Add(-1) // the session is ending; the slot stays before this event
 	}
 }
 
-func (a acks) done(seq uint64) func() {
+func (a acks) done(seq uint64, at wal.Place, id string) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			a.watermark.Ack(seq)
+			a.watermark.AckAt(seq, at, id)
 			a.open.Add(-1)
 		})
 	}

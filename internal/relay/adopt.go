@@ -30,6 +30,8 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	}
 	r.adopting.Store(true)
 	defer r.adopting.Store(false)
+	// A new slot is a new stream: nothing remembered of the old one applies.
+	r.resume.Forget()
 	r.log.Info("created replication slot; publishing the rows committed before it", "consistent_point", created.ConsistentPoint)
 	began := time.Now()
 	seq := slot.NewWatermark(0)

@@ -67,6 +67,11 @@ type Relay struct {
 	// refused outlives sessions: events the client library could not
 	// encode, parked by the next session instead of published again.
 	refused *publish.Refusals
+	// resume outlives sessions too: where the last one left off inside the
+	// stream, so a broker that refuses some messages never makes the relay
+	// publish the same acknowledged events session after session.
+	resume     *publish.Resume
+	unroutable publish.UnroutablePolicy
 
 	role     atomic.Int32
 	alive    atomic.Int64           // unix nanos of the reader's last turn (touch)
@@ -122,6 +127,10 @@ func New(cfg config.Config, outcomes Outcomes, log *slog.Logger, reg prometheus.
 		walM:     wal.NewMetrics(reg),
 		pubM:     publish.NewMetrics(reg),
 		refused:  &publish.Refusals{},
+		resume:   &publish.Resume{},
+		unroutable: map[string]publish.UnroutablePolicy{
+			config.UnroutableStall: publish.StallUnroutable, config.UnroutablePark: publish.ParkUnroutable,
+		}[cfg.Unroutable],
 	}, nil
 }
 
@@ -149,7 +158,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.setRole(RoleStarting)
 	backoff := r.cfg.BackoffMin
 	for {
-		started := time.Now()
+		started, progress := time.Now(), r.resume.Progress()
 		err := r.session(ctx)
 		if ctx.Err() != nil {
 			if err != nil && !errors.Is(err, context.Canceled) {
@@ -170,8 +179,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.setRole(RoleStandby)
 		} else {
 			r.setRole(RoleStarting)
-			// A session that ran for a while was healthy: start the backoff over.
-			if time.Since(started) > r.cfg.BackoffMax {
+			// A session that ran for a while was healthy, and one that got
+			// events through made progress (a bounded queue refusing the
+			// rest): start the backoff over.
+			if time.Since(started) > r.cfg.BackoffMax || r.resume.Progress() != progress {
 				backoff = r.cfg.BackoffMin
 			}
 			wait = jitter(backoff)

@@ -27,6 +27,7 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	defer context.AfterFunc(hard, link.Abort)()
 
 	watermark := slot.NewWatermark(start)
+	r.resume.Begin(time.Now())
 	events := make(chan wal.Event, eventBuffer)
 	budget := r.budget()
 	// A confirm loop waiting for room among unwritten marks must end with
@@ -54,8 +55,38 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	err := g.Wait()
 	if ctx.Err() != nil {
 		r.log.Info("stopped", "confirmed", reader.Sent(), "unconfirmed_events", watermark.Pending())
+		return err
+	}
+	if err != nil {
+		r.windDown(ctx, err, watermark, sessionAcks, reader, publisher)
 	}
 	return err
+}
+
+// windDownWait bounds how long a failed session waits for the marks of
+// the events the broker acknowledged before it failed.
+const windDownWait = 2 * time.Second
+
+// windDown runs after a failed session, before the next one starts from
+// the slot: it waits (briefly) for the marks of what the broker did
+// acknowledge, hands the next session what it needs to skip and where to
+// go carefully (publish.Resume), and reports the position those marks
+// allow. Without it a broker that refuses one message would make every
+// session publish the same acknowledged events again (invariant 11).
+func (r *Relay) windDown(ctx context.Context, err error, watermark *slot.Watermark, a acks, reader *wal.Reader, publisher *publish.Publisher) {
+	wctx, cancel := context.WithTimeout(ctx, windDownWait)
+	defer cancel()
+	a.wait(wctx)
+	if at, id, ok := watermark.Done(); ok {
+		r.resume.Done(at, id)
+	}
+	last, ok := publisher.Last()
+	r.resume.Failed(last, ok, publish.Refusal(err))
+	// The replication connection is fine when the broker side failed; if
+	// it is not, this fails and the slot keeps its last position.
+	if cerr := reader.Confirm(); cerr != nil {
+		r.log.Debug("final status update after a failed session", "error", cerr)
+	}
 }
 
 // publisherConfig is the publishers' configuration, the same for every session.
@@ -65,6 +96,17 @@ func (r *Relay) publisherConfig() publish.PublisherConfig {
 		MaxInFlight: r.cfg.MaxInFlight, MaxInFlightBytes: int64(r.cfg.MaxInFlightBytes),
 		ConfirmTimeout:  r.cfg.ConfirmTimeout,
 		MaxMessageBytes: int64(r.cfg.MaxMessageBytes), Poison: r.poison, DeadLetterExchange: r.cfg.DeadLetterExchange,
+		Unroutable: r.unroutable, Resume: r.resume, OnBlocked: r.onBlocked,
 		Log: r.log, Metrics: r.pubM, Refused: r.refused,
 	}
+}
+
+// onBlocked tells /readyz that the broker blocks publishers: the relay
+// stays ready (a restart would not help) and says what it waits for.
+func (r *Relay) onBlocked(active bool, reason string) {
+	if active {
+		r.setDetail("broker blocked publishers (resource alarm: " + reason + "); waiting, nothing is lost")
+		return
+	}
+	r.setDetail("")
 }

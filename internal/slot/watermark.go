@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
 // Watermark ties broker confirms to the slot position. The WAL reader
@@ -25,12 +27,22 @@ import (
 // call them from different goroutines.
 type Watermark struct {
 	mu       sync.Mutex
-	next     uint64              // sequence number of the next event
-	acked    uint64              // every event with seq < acked is acknowledged
-	early    map[uint64]struct{} // acked events with seq > acked, waiting for the gap to close
-	marks    []mark              // pending positions in stream order
-	open     bool                // a Begin has been seen without its Commit
+	next     uint64            // sequence number of the next event
+	acked    uint64            // every event with seq < acked is acknowledged
+	early    map[uint64]placed // acked events with seq > acked, waiting for the gap to close
+	marks    []mark            // pending positions in stream order
+	open     bool              // a Begin has been seen without its Commit
 	position pglogrepl.LSN
+	// done is the place of the newest event of the acked prefix that was
+	// acked with its place (AckAt): it and every event before it are done.
+	done placed
+}
+
+// placed is an acked event's place in the stream and id, when known.
+type placed struct {
+	at  wal.Place
+	id  string
+	set bool
 }
 
 // mark is a position that may be confirmed once all events before seq are acked.
@@ -41,7 +53,7 @@ type mark struct {
 
 // NewWatermark starts at the slot's confirmed position.
 func NewWatermark(start pglogrepl.LSN) *Watermark {
-	return &Watermark{position: start, early: make(map[uint64]struct{})}
+	return &Watermark{position: start, early: make(map[uint64]placed)}
 }
 
 // Begin records that a transaction opened.
@@ -95,21 +107,43 @@ func (w *Watermark) addMark(lsn pglogrepl.LSN) {
 }
 
 // Ack records the broker's confirm of event seq. Acks may arrive in any order.
-func (w *Watermark) Ack(seq uint64) {
+func (w *Watermark) Ack(seq uint64) { w.ack(seq, placed{}) }
+
+// AckAt is Ack for an event whose place in the stream and id are known:
+// Done then reports the newest such event of the acked prefix.
+func (w *Watermark) AckAt(seq uint64, at wal.Place, id string) {
+	w.ack(seq, placed{at: at, id: id, set: true})
+}
+
+func (w *Watermark) ack(seq uint64, p placed) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if seq < w.acked {
 		return
 	}
-	w.early[seq] = struct{}{}
+	w.early[seq] = p
 	for {
-		if _, ok := w.early[w.acked]; !ok {
+		e, ok := w.early[w.acked]
+		if !ok {
 			break
+		}
+		if e.set {
+			w.done = e
 		}
 		delete(w.early, w.acked)
 		w.acked++
 	}
 	w.release()
+}
+
+// Done returns the place and id of the newest event, acked with AckAt,
+// such that it and every event recorded before it are acked; ok is false
+// when there is none yet. Unlike Position it can stand inside a
+// transaction: the next session skips what it names (publish.Resume).
+func (w *Watermark) Done() (at wal.Place, id string, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.done.at, w.done.id, w.done.set
 }
 
 // release moves the position over every mark whose events are all acked.

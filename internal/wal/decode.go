@@ -66,6 +66,27 @@ type Event struct {
 	Backfill bool
 }
 
+// Place is where an event sits in the stream: its transaction's commit LSN
+// and its index among that transaction's outbox rows. A slot replays the
+// same rows at the same places in every session, so a place names one
+// event across sessions (publish.Resume relies on it).
+type Place struct {
+	CommitLSN pglogrepl.LSN
+	Index     int
+}
+
+// Place is the event's place in the stream.
+func (e *Event) Place() Place { return Place{CommitLSN: e.CommitLSN, Index: e.Index} }
+
+// Before reports whether p comes before q in the stream: transactions in
+// commit order, rows in their order within a transaction.
+func (p Place) Before(q Place) bool {
+	return p.CommitLSN < q.CommitLSN || (p.CommitLSN == q.CommitLSN && p.Index < q.Index)
+}
+
+// String is "LSN#index", as logs show a place.
+func (p Place) String() string { return fmt.Sprintf("%s#%d", p.CommitLSN, p.Index) }
+
 // Size is the event's weight against the in-flight byte budget.
 func (e *Event) Size() int {
 	return len(e.ID) + len(e.RoutingKey) + len(e.Payload) + len(e.Headers) + len(e.Exchange) + len(e.Type)

@@ -1,0 +1,258 @@
+package publish
+
+import (
+	"sync"
+	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/wal"
+)
+
+// carefulFor is how long a session publishes one message at a time after a
+// session that the broker ended with a refusal (a nack, a return, a
+// channel it closed): long enough for a consumer to drain a bounded queue's
+// burst, short enough that a one-off refusal costs little throughput.
+const carefulFor = 10 * time.Second
+
+// maxNoCopy bounds the dead-letter copies remembered as refused.
+const maxNoCopy = 1024
+
+// Resume is what one session leaves the next, so that a broker that
+// refuses some messages cannot make the relay republish the same events
+// session after session (docs/architecture.md invariant 11). The relay keeps
+// one for its life; each session's publisher consults it. It holds no
+// event, only places (wal.Place), so its size is fixed.
+//
+//   - Through: every streamed event at or before this place was acknowledged
+//     by the broker and its row marked (or parked) in an earlier session.
+//     A session skips such events instead of publishing them again; the
+//     slot still replays them, because its confirmed position can only
+//     stand at a transaction's end, and a transaction larger than the
+//     broker accepts at once would otherwise never complete.
+//   - Careful: the events up to the last one published by a session the
+//     broker ended with a refusal, and every event for carefulFor after
+//     such a session, go out one at a time: nothing is published behind a
+//     message until it is confirmed. A refusal then names its message
+//     exactly (a channel closed for one message's content makes that row
+//     poison), and a bounded queue that refuses one message cannot take the
+//     next one ahead of it.
+//
+// The places of one slot only grow; a new slot (adoption) starts afresh
+// (Forget). Safe for concurrent use; a nil *Resume remembers nothing.
+type Resume struct {
+	mu       sync.Mutex
+	through  wal.Place
+	id       string // the event at through, checked before anything is skipped
+	set      bool
+	careful  wal.Place // events at or before it go out one at a time
+	carefulT time.Time // and every event until then
+	refused  bool      // the last session ended with a broker refusal
+	noCopy   map[wal.Place]struct{}
+	progress uint64 // bumped each time through moves
+	limit    int64  // the broker's max_message_size, learned from a refusal; 0: unknown
+	stalled  *Stall // the row the stream is stalled on, if any
+}
+
+// Done records that the event at at (with id) and every streamed event
+// before it are acknowledged and marked. through never moves back.
+func (r *Resume) Done(at wal.Place, id string) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.set && !r.through.Before(at) {
+		return
+	}
+	r.through, r.id, r.set = at, id, true
+	r.progress++
+}
+
+// Progress counts the moves of Done: a session that moved it made progress
+// however it ended.
+func (r *Resume) Progress() uint64 {
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.progress
+}
+
+// Failed records how a session ended: last is the place of the newest
+// streamed event it published (ok false: none), refused whether the broker
+// ended it by refusing a message rather than by a transport failure.
+func (r *Resume) Failed(last wal.Place, ok, refused bool) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refused = refused
+	if refused && ok && r.careful.Before(last) {
+		r.careful = last
+	}
+}
+
+// Begin starts a session: after a refusal it publishes one message at a
+// time for carefulFor.
+func (r *Resume) Begin(now time.Time) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.refused {
+		r.carefulT = now.Add(carefulFor)
+		r.refused = false
+	}
+}
+
+// Forget drops everything: the slot was created anew, and its places are
+// another stream's.
+func (r *Resume) Forget() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	*r = Resume{progress: r.progress, limit: r.limit, stalled: r.stalled}
+}
+
+// verdict is what the publisher does with an event.
+type verdict int
+
+const (
+	publishFast    verdict = iota // publish within the window
+	publishAlone                  // publish, and wait for its confirm before the next
+	skipDone                      // done in an earlier session: do not publish
+	skipUnverified                // at the remembered place but another id: publish, and forget
+)
+
+// judge says what to do with ev. A backfilled event is never skipped: a
+// new slot's snapshot holds only rows not yet marked.
+func (r *Resume) judge(ev *wal.Event, now time.Time) verdict {
+	if r == nil || ev.Backfill {
+		return publishFast
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at := ev.Place()
+	if r.set && !r.through.Before(at) {
+		if at == r.through && ev.ID != r.id {
+			// Not the event the place was recorded for: the stream is not
+			// the one remembered. Trust nothing remembered.
+			r.set = false
+			return skipUnverified
+		}
+		return skipDone
+	}
+	if !r.careful.Before(at) || now.Before(r.carefulT) {
+		return publishAlone
+	}
+	return publishFast
+}
+
+// refuseCopy remembers that the dead-letter copy of the event at at was
+// refused, so a later session parks it without a copy.
+func (r *Resume) refuseCopy(at wal.Place) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.noCopy == nil || len(r.noCopy) >= maxNoCopy {
+		r.noCopy = make(map[wal.Place]struct{})
+	}
+	r.noCopy[at] = struct{}{}
+}
+
+// copyRefused reports whether the dead-letter copy of the event at at was
+// refused before.
+func (r *Resume) copyRefused(at wal.Place) bool {
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.noCopy[at]
+	return ok
+}
+
+// Stall is the row the stream is stalled on (CDCRELAY_UNROUTABLE=stall).
+type Stall struct {
+	ID, Exchange, RoutingKey string
+	Cause                    string // "no_route" or "no_exchange"
+	At                       wal.Place
+}
+
+// The causes of a stall.
+const (
+	CauseNoRoute    = "no_route"
+	CauseNoExchange = "no_exchange"
+)
+
+// stall records the row the stream is stalled on, and exports it.
+func (r *Resume) stall(s Stall, m *Metrics) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stalled != nil && *r.stalled == s {
+		return
+	}
+	if r.stalled != nil {
+		m.stalled.DeleteLabelValues(r.stalled.ID, r.stalled.Exchange, r.stalled.RoutingKey, r.stalled.Cause)
+	}
+	r.stalled = &s
+	m.stalled.WithLabelValues(s.ID, s.Exchange, s.RoutingKey, s.Cause).Set(1)
+}
+
+// unstall forgets the stall once an event at or past its place is done.
+func (r *Resume) unstall(at wal.Place, m *Metrics) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stalled == nil || at.Before(r.stalled.At) {
+		return
+	}
+	m.stalled.DeleteLabelValues(r.stalled.ID, r.stalled.Exchange, r.stalled.RoutingKey, r.stalled.Cause)
+	r.stalled = nil
+}
+
+// Stalled returns the row the stream is stalled on, if any.
+func (r *Resume) Stalled() (Stall, bool) {
+	if r == nil {
+		return Stall{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stalled == nil {
+		return Stall{}, false
+	}
+	return *r.stalled, true
+}
+
+// BrokerLimit is the broker's max_message_size as learned from a refusal,
+// 0 while unknown.
+func (r *Resume) BrokerLimit() int64 {
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.limit
+}
+
+// learnLimit records the broker's max_message_size.
+func (r *Resume) learnLimit(limit int64, m *Metrics) {
+	if r == nil || limit <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.limit = limit
+	m.brokerLimit.Set(float64(limit))
+}

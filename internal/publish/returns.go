@@ -1,0 +1,199 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pglogrepl"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/cdcrelay/cdcrelay/internal/wal"
+)
+
+// This file is what the publisher does when the broker says no to one
+// message: a basic.return (unroutable), a channel it closes for one
+// message's content or for a missing exchange. Which message the broker
+// refused decides whether the row is at fault (poison, or the unroutable
+// policy) or the broker is (retry): a return names its message; a closed
+// channel does only while one message is in flight (Resume's careful mode).
+
+// returnKey is a returned message: its lane, its event's place (from the
+// identity headers every message carries), and whether it was a
+// dead-letter copy.
+type returnKey struct {
+	l    *lane
+	at   wal.Place
+	copy bool
+}
+
+// returnBook holds returns until their message's confirm comes up in the
+// lane's order. The broker sends a return before the message's ack, so a
+// confirm never finds its return missing from here once the lane's returns
+// are drained.
+type returnBook struct {
+	mu sync.Mutex
+	m  map[returnKey]amqp.Return
+}
+
+// note files a return read from l's returns channel. A closed channel is
+// the lane closing: a transport failure, never a return (invariant 3).
+func (p *Publisher) noteReturn(l *lane, r amqp.Return, ok bool) error {
+	if !ok {
+		return laneClosed(l)
+	}
+	p.Metrics.returns.Inc()
+	key, placed := returnKeyOf(l, r)
+	if !placed { // no identity headers: never sent by this relay's build
+		return fmt.Errorf("%w: message %q to exchange %q with routing key %q: %d %s", ErrReturned,
+			Clip(r.MessageId), r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+	}
+	p.returns.mu.Lock()
+	defer p.returns.mu.Unlock()
+	if p.returns.m == nil {
+		p.returns.m = make(map[returnKey]amqp.Return)
+	}
+	p.returns.m[key] = r
+	return nil
+}
+
+// drainReturns files every return already waiting on l.
+func (p *Publisher) drainReturns(l *lane) {
+	for {
+		select {
+		case r, ok := <-l.returns:
+			if !ok {
+				return // the lane closed: its confirms say so
+			}
+			if err := p.noteReturn(l, r, true); err != nil {
+				p.Log.Warn("ignoring a returned message the relay cannot place", "error", err)
+			}
+		default:
+			return
+		}
+	}
+}
+
+// takeReturn removes and returns f's return, if the broker returned it.
+func (p *Publisher) takeReturn(l *lane, f inflight) (amqp.Return, bool) {
+	p.returns.mu.Lock()
+	defer p.returns.mu.Unlock()
+	key := returnKey{l: l, at: f.at, copy: f.copyOf}
+	r, ok := p.returns.m[key]
+	if ok {
+		delete(p.returns.m, key)
+	}
+	return r, ok
+}
+
+// returnKeyOf places a returned message by the identity headers the relay
+// puts on every message and dead-letter copy.
+func returnKeyOf(l *lane, r amqp.Return) (returnKey, bool) {
+	text, ok := r.Headers[HeaderCommitLSN].(string)
+	if !ok {
+		return returnKey{}, false
+	}
+	lsn, err := pglogrepl.ParseLSN(text)
+	if err != nil {
+		return returnKey{}, false
+	}
+	index, ok := r.Headers[HeaderTxIndex].(int64)
+	if !ok {
+		return returnKey{}, false
+	}
+	_, copied := r.Headers[HeaderError]
+	return returnKey{l: l, at: wal.Place{CommitLSN: lsn, Index: int(index)}, copy: copied}, true
+}
+
+// unroutable handles an event the broker returned, at its turn: with
+// CDCRELAY_UNROUTABLE=park it is poison; with stall the session ends on it,
+// after every event before it was acked, and the row is named wherever an
+// operator looks (log, /readyz through the error, cdcrelay_stalled_event_info).
+func (p *Publisher) unroutable(ctx context.Context, l *lane, f inflight, r amqp.Return) error {
+	if p.Unroutable == ParkUnroutable {
+		reason := fmt.Sprintf("unroutable: the broker returned it from exchange %q with routing key %q (%d %s)",
+			r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+		return p.parkLate(ctx, l, f, reason)
+	}
+	p.Resume.stall(Stall{ID: f.id, Exchange: r.Exchange, RoutingKey: r.RoutingKey, Cause: CauseNoRoute, At: f.at}, p.Metrics)
+	return fmt.Errorf("%w: event %s to exchange %q with routing key %q: %d %s (bind a queue for this key, or set CDCRELAY_UNROUTABLE=park to park such rows)",
+		ErrReturned, LogID(f.id), r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+}
+
+// parkLate parks an event the broker refused after it was published: the
+// poison policy applies as it does to an event that could not be built.
+// The dead-letter copy is sent and awaited here, at the event's turn;
+// its fate is only counted.
+func (p *Publisher) parkLate(ctx context.Context, l *lane, f inflight, reason string) error {
+	p.Metrics.poison.Inc()
+	if p.Poison == Stop {
+		return fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, LogID(f.id), reason)
+	}
+	p.Log.Error("parking poison event: left unpublished with last_error set", "event", LogID(f.id), "reason", reason,
+		"dead_letter_exchange", p.DeadLetterExchange)
+	defer p.Resume.unstall(f.at, p.Metrics)
+	if p.DeadLetterExchange == "" || f.ev == nil || p.Resume.copyRefused(f.at) {
+		p.acks.Parked(f.seq, f.id, f.at, reason)
+		return nil
+	}
+	dc, key, err := p.sendCopy(ctx, l, f.ev, reason)
+	if err != nil {
+		return err
+	}
+	p.acks.Parked(f.seq, f.id, f.at, reason)
+	if dc == nil {
+		return nil
+	}
+	p.Metrics.inFlight.Inc()
+	return p.await(ctx, l, inflight{dc: dc, seq: f.seq, id: f.id, at: f.at, copyOf: true,
+		exchange: p.DeadLetterExchange, key: key, alone: f.alone, sent: f.sent})
+}
+
+// closedWhile is the error of a lane whose channel closed while f was in
+// flight. When f was alone in flight, the broker's reason is about f: a
+// 406 PRECONDITION_FAILED is f's own content (a header the broker rejects,
+// a body above its max_message_size), so f is remembered as refused and
+// the next session parks it (poison); a 404 for an exchange named by f's
+// row is f's routing (CDCRELAY_UNROUTABLE). With several in flight the
+// culprit is unknown: the next session publishes them one at a time and
+// finds it (Resume).
+func (p *Publisher) closedWhile(l *lane, f inflight) error {
+	err := fmt.Errorf("%w while event %s was in flight", laneClosed(l), LogID(f.id))
+	e := l.closeReason()
+	if e == nil || f.alone == nil {
+		return err
+	}
+	switch {
+	case e.Code == amqp.PreconditionFailed:
+		if limit, ok := BrokerMaxMessageSize(e.Reason); ok {
+			p.Resume.learnLimit(limit, p.Metrics)
+		}
+		reason := "the broker refused it: " + clipText(e.Reason)
+		p.Refused.addAt(f.id, f.at, reason)
+		p.Log.Error("the broker refused an event for its content; the session ends and the next one handles it as poison (CDCRELAY_POISON)",
+			"event", LogID(f.id), "reason", reason)
+	case e.Code == amqp.NotFound && f.rowExchange:
+		if p.Unroutable == ParkUnroutable {
+			reason := fmt.Sprintf("unroutable: the row's exchange %q does not exist", f.exchange)
+			p.Refused.addAt(f.id, f.at, reason)
+			p.Log.Error("an event names an exchange that does not exist; the next session parks it (CDCRELAY_UNROUTABLE=park)",
+				"event", LogID(f.id), "exchange", f.exchange)
+			break
+		}
+		p.Resume.stall(Stall{ID: f.id, Exchange: f.exchange, RoutingKey: f.key, Cause: CauseNoExchange, At: f.at}, p.Metrics)
+	}
+	return err
+}
+
+// Refusal reports whether err ended a session because the broker refused
+// a message (a nack, a return, a channel it closed), not because of the
+// transport: the next session then publishes those messages one at a time
+// (Resume.Failed).
+func Refusal(err error) bool {
+	if errors.Is(err, ErrNacked) || errors.Is(err, ErrReturned) {
+		return true
+	}
+	var b *brokerClosed
+	return errors.As(err, &b) && b.channel
+}
