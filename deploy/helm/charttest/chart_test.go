@@ -384,6 +384,32 @@ func TestLint(t *testing.T) {
 	}
 }
 
+// TestLintDefaults: `helm lint --strict` passes on the chart's own defaults, which
+// name no source. A lint renders every template, NOTES.txt included, with `fail`
+// made harmless, so a template that assumes a source exists must not index into
+// an empty list (NOTES.txt once did: "error calling index: reflect: slice index
+// out of range"); with the alerts, the ServiceMonitor and the dashboard on too.
+func TestLintDefaults(t *testing.T) {
+	t.Parallel()
+	for name, set := range map[string][]string{
+		"defaults": nil,
+		"monitoring on": {"--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.serviceMonitor.enabled=true",
+			"--set", "monitoring.grafanaDashboard.enabled=true"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"lint", "--strict", chartDir, "--kube-version", kubeVersion}, set...)
+			out, stderr, err := runHelm(t, args...)
+			if err != nil || !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
+				t.Fatalf("helm lint --strict on the defaults: %v\n%s%s", err, out, stderr)
+			}
+			if strings.Contains(out+stderr, "[ERROR]") || strings.Contains(out+stderr, "[WARNING]") {
+				t.Errorf("helm lint --strict on the defaults reports:\n%s%s", out, stderr)
+			}
+		})
+	}
+}
+
 func TestSingleSource(t *testing.T) {
 	t.Parallel()
 	r := render(t, []string{"single.yaml"})
@@ -409,7 +435,7 @@ func TestSingleSource(t *testing.T) {
 	}
 	// Only set values reach the pod: the policy settings are null by default, so
 	// the relay's own defaults apply; GOMEMLIMIT is the relay's to derive.
-	for _, name := range []string{"CDCRELAY_POISON", "CDCRELAY_SLOT_LOST", "CDCRELAY_RETENTION", "CDCRELAY_PUBLISH_CHANNELS",
+	for _, name := range []string{"CDCRELAY_POISON", "CDCRELAY_UNROUTABLE", "CDCRELAY_SLOT_LOST", "CDCRELAY_RETENTION", "CDCRELAY_PUBLISH_CHANNELS",
 		"CDCRELAY_MAX_MESSAGE_BYTES", "CDCRELAY_DEAD_LETTER_EXCHANGE", "CDCRELAY_AMQP_TLS_CA", "GOMEMLIMIT"} {
 		if e, ok := ev[name]; ok {
 			t.Errorf("%s = %q set by default: the relay's own default should apply", name, e.Value)
@@ -675,8 +701,13 @@ func TestMonitoring(t *testing.T) {
 	wantExpr := map[string][]string{
 		"CdcrelaySlotRetainedWalHigh":     {"cdcrelay_slot_retained_wal_bytes{", "> 1073741824", "by (namespace, service, slot)"},
 		"CdcrelayOldestUnpublishedTooOld": {"cdcrelay_oldest_unpublished_age_seconds{", "> 300"},
-		"CdcrelayMessagesReturned":        {"increase(cdcrelay_returns_total{", "[5m])) > 0"},
-		"CdcrelayMessagesNacked":          {"increase(cdcrelay_nacks_total{", "[5m])) > 0"},
+		"CdcrelayUnroutableStall":         {"max by (namespace, service, id, exchange, routing_key, cause) (cdcrelay_stalled_event_info{", "}) > 0"},
+		"CdcrelayDeadLetterFailed":        {"sum by (namespace, service, outcome) (increase(cdcrelay_dead_letter_failures_total{", "[15m])) > 0"},
+		// Counters without the slot label group by namespace and service.
+		"CdcrelayMessagesNacked": {"sum by (namespace, service) (increase(cdcrelay_nacks_total{", "[5m])) > 0"},
+		"CdcrelayRestartStorm":   {"sum by (namespace, service) (increase(cdcrelay_pipeline_restarts_total{", "unless on (namespace, service) max_over_time(cdcrelay_stalled_event_info{"},
+		"CdcrelayBrokerBlocked":  {"max by (namespace, service) (cdcrelay_broker_blocked{"},
+		"CdcrelayMarkingFailing": {"sum by (namespace, service) (increase(cdcrelay_janitor_errors_total{"},
 	}
 	for alert, parts := range wantExpr {
 		rules := byAlert[alert]
@@ -731,7 +762,7 @@ func TestMonitoring(t *testing.T) {
 func TestMonitoringRulesCanBeTurnedOff(t *testing.T) {
 	t.Parallel()
 	r := render(t, []string{"monitoring.yaml"},
-		"--set", "monitoring.prometheusRule.returns.enabled=false",
+		"--set", "monitoring.prometheusRule.unroutableStall.enabled=false",
 		"--set", "monitoring.prometheusRule.slotRetainedWal.threshold=5368709120",
 		"--set", "monitoring.serviceMonitor.enabled=false")
 	if len(r.ServiceMonitors) != 0 || len(r.PrometheusRules) != 1 {
@@ -744,8 +775,8 @@ func TestMonitoringRulesCanBeTurnedOff(t *testing.T) {
 			t.Errorf("threshold not applied (or printed as a float): %s", rule.Expr)
 		}
 	}
-	if slices.Contains(alerts, "CdcrelayMessagesReturned") || !slices.Contains(alerts, "CdcrelayMessagesNacked") {
-		t.Errorf("alerts %v: returns should be off, nacks on", alerts)
+	if slices.Contains(alerts, "CdcrelayUnroutableStall") || !slices.Contains(alerts, "CdcrelayMessagesNacked") || !slices.Contains(alerts, "CdcrelayDeadLetterFailed") {
+		t.Errorf("alerts %v: unroutableStall should be off, nacks and deadLetterFailed on", alerts)
 	}
 }
 
@@ -825,6 +856,36 @@ func TestNotesQuotedAndOwnImage(t *testing.T) {
 	}
 	if strings.Contains(notes, "WARNING") {
 		t.Errorf("notes warn about an image that is set:\n%s", notes)
+	}
+}
+
+// TestNotesDeadLetter: a dead-letter exchange is printed with the queue and the
+// binding that make every parked row's copy routable (without them the broker
+// returns the first copy), once however many sources use it; one that is also a
+// source's main exchange is declared once, as a topic, with a warning instead.
+func TestNotesDeadLetter(t *testing.T) {
+	t.Parallel()
+	notes := renderNotes(t, []string{"dead-letter.yaml"})
+	dlx := "rabbitmqadmin declare exchange name=events.dead type=fanout durable=true && rabbitmqadmin declare queue name=events.dead durable=true && " +
+		"rabbitmqadmin declare binding source=events.dead destination=events.dead"
+	if strings.Count(notes, dlx) != 1 {
+		t.Errorf("notes: want the dead-letter exchange, its queue and binding once (%q):\n%s", dlx, notes)
+	}
+	for x, n := range map[string]int{"events": 1, "billing": 1, "events.dead": 1} {
+		if got := strings.Count(notes, "rabbitmqadmin declare exchange name="+x+" "); got != n {
+			t.Errorf("notes declare exchange %s %d times, want %d:\n%s", x, got, n, notes)
+		}
+	}
+	for _, want := range []string{"# events is also a dead-letter exchange: it must route every routing key",
+		"A dead-letter exchange needs its queue", "CdcrelayDeadLetterFailed", "CdcrelayUnroutableStall"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+	// Without a dead-letter exchange, nothing about one.
+	if plain := renderNotes(t, []string{"multi.yaml"}); strings.Contains(plain, "dead-letter") || strings.Contains(plain, "fanout") &&
+		!strings.Contains(plain, "events.unroutable type=fanout") {
+		t.Errorf("notes speak of a dead-letter exchange none configured:\n%s", plain)
 	}
 }
 

@@ -88,6 +88,7 @@ func TestPolicyValues(t *testing.T) {
 	checkRelease(t, r)
 	inherited := map[string]string{
 		"CDCRELAY_POISON":               "stop",
+		"CDCRELAY_UNROUTABLE":           "park",
 		"CDCRELAY_DEAD_LETTER_EXCHANGE": "events.dead",
 		"CDCRELAY_SLOT_LOST":            "stop",
 		"CDCRELAY_RETENTION":            "14d",
@@ -120,6 +121,7 @@ func TestPolicyValues(t *testing.T) {
 	billing := r.Deployment(t, "rel-cdcrelay-billing")
 	for name, want := range map[string]string{
 		"CDCRELAY_POISON":            "park",
+		"CDCRELAY_UNROUTABLE":        "stall",
 		"CDCRELAY_RETENTION":         "1d12h",
 		"CDCRELAY_MAX_MESSAGE_BYTES": "1048576", // an integer, not 1.048576e+06
 		"CDCRELAY_SLOT_LOST":         "stop",    // still from defaults
@@ -242,6 +244,7 @@ func TestRejectsBadPolicyValues(t *testing.T) {
 	}{
 		{"bad-poison.yaml", "at '/defaults/poison'", true},
 		{"bad-slot-lost.yaml", "at '/sources/0/slotLost'", true},
+		{"bad-unroutable.yaml", "at '/sources/0/unroutable'", true},
 		{"bad-retention.yaml", "at '/defaults/retention'", true},
 		{"bad-mark-interval.yaml", "at '/defaults/markInterval'", true},
 		{"zero-monitor-interval.yaml", "at '/defaults/monitorInterval'", true},
@@ -264,6 +267,44 @@ func TestRejectsBadPolicyValues(t *testing.T) {
 			t.Parallel()
 			expectRejected(t, c.file, c.want, c.schema)
 		})
+	}
+}
+
+// TestUnroutableChoices: the schema offers the relay's two unroutable policies
+// (CDCRELAY_UNROUTABLE: stall, the relay's default, or park) and null, in
+// defaults and on a source; null renders no variable (TestSingleSource), and
+// extraEnv may set the variable only when the value is null.
+func TestUnroutableChoices(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"defaults.unroutable", "source.unroutable"} {
+		for v, ok := range map[string]bool{"stall": true, "park": true, "Stall": false, "drop": false, "": false} {
+			args := templateArgs(chartDir, []string{"single.yaml"}, "--set-string", where+"="+v)
+			out, stderr, err := runHelm(t, args...)
+			if ok {
+				if err != nil {
+					t.Errorf("%s=%q refused: %v\n%s", where, v, err, stderr)
+					continue
+				}
+				r, derr := decodeManifests(out)
+				if derr != nil {
+					t.Fatal(derr)
+				}
+				if got := envValue(t, r.Deployment(t, "rel-cdcrelay"), "CDCRELAY_UNROUTABLE"); got != v {
+					t.Errorf("%s=%q: CDCRELAY_UNROUTABLE=%q", where, v, got)
+				}
+			} else if err == nil || !strings.Contains(stderr, "unroutable") {
+				t.Errorf("%s=%q accepted or refused for another reason (err %v):\n%s", where, v, err, stderr)
+			}
+		}
+	}
+	extra := []string{"--set", "source.extraEnv[0].name=CDCRELAY_UNROUTABLE", "--set", "source.extraEnv[0].value=park"}
+	r := render(t, []string{"single.yaml"}, extra...)
+	if got := envValue(t, r.Deployment(t, "rel-cdcrelay"), "CDCRELAY_UNROUTABLE"); got != "park" {
+		t.Errorf("extraEnv CDCRELAY_UNROUTABLE with unroutable null: %q, want park", got)
+	}
+	args := templateArgs(chartDir, []string{"single.yaml"}, append(extra, "--set", "defaults.unroutable=stall")...)
+	if _, stderr, err := runHelm(t, args...); err == nil || !strings.Contains(stderr, "extraEnv CDCRELAY_UNROUTABLE is already set by the chart value `unroutable`") {
+		t.Errorf("extraEnv CDCRELAY_UNROUTABLE beside unroutable: stall was not refused (err %v):\n%s", err, stderr)
 	}
 }
 
@@ -334,7 +375,8 @@ func TestExtraEnvKnowsEveryRelayVariable(t *testing.T) {
 }
 
 // TestNotesPolicy: the notes follow the values: a lock database set through
-// extraEnv, and the dead-letter exchange, which must exist too.
+// extraEnv, and the dead-letter exchange, which must exist too, with a queue
+// bound to it (a fanout: every parked row's key), or every copy is returned.
 func TestNotesPolicy(t *testing.T) {
 	t.Parallel()
 	notes := renderNotes(t, []string{"policy.yaml"})
@@ -343,7 +385,8 @@ func TestNotesPolicy(t *testing.T) {
 			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO cdcrelay;\n  GRANT CONNECT ON DATABASE relay_locks TO cdcrelay;",
 		"-- rel-cdcrelay-orders (Secret orders-db)\n  ALTER ROLE cdcrelay REPLICATION;\n  GRANT SELECT, DELETE ON public.event_outbox TO cdcrelay;\n" +
 			"  GRANT UPDATE (published_at, attempts, last_error) ON public.event_outbox TO cdcrelay;\n  GRANT CONNECT ON DATABASE postgres TO cdcrelay;",
-		"rabbitmqadmin declare exchange name=events.dead type=topic durable=true",
+		"rabbitmqadmin declare exchange name=events.dead type=fanout durable=true && rabbitmqadmin declare queue name=events.dead durable=true && " +
+			"rabbitmqadmin declare binding source=events.dead destination=events.dead",
 	} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)

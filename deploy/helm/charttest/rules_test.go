@@ -26,7 +26,8 @@ var defaultSeverity = map[string]string{
 	"CdcrelaySlotLost":                "critical",
 	"CdcrelayOldestUnpublishedTooOld": "critical",
 	"CdcrelayParkedRows":              "warning",
-	"CdcrelayMessagesReturned":        "critical",
+	"CdcrelayUnroutableStall":         "critical",
+	"CdcrelayDeadLetterFailed":        "warning",
 	"CdcrelayMessagesNacked":          "warning",
 	"CdcrelayRestartStorm":            "warning",
 	"CdcrelayBrokerBlocked":           "warning",
@@ -70,6 +71,10 @@ func (r replica) series() []inputSeries {
 		"cdcrelay_slot_lost_total":                        "0x40",
 		"cdcrelay_backfill_events_total":                  "0x40",
 		"cdcrelay_broker_blocked":                         "0x40",
+		// The relay creates the three outcomes at 0.
+		`cdcrelay_dead_letter_failures_total{outcome="returned"}`: "0x40",
+		`cdcrelay_dead_letter_failures_total{outcome="nacked"}`:   "0x40",
+		`cdcrelay_dead_letter_failures_total{outcome="refused"}`:  "0x40",
 		// Every event confirmed within 100ms.
 		`cdcrelay_commit_to_ack_seconds_bucket{le="0.1"}`:  "0+10x40",
 		`cdcrelay_commit_to_ack_seconds_bucket{le="1"}`:    "0+10x40",
@@ -180,6 +185,31 @@ func (v ruleVariant) bySvc(alert string, s source) map[string]string {
 	}
 	return v.labels(alert, map[string]string{"namespace": namespace, "service": s.service})
 }
+
+// with adds labels to an alert's label set.
+func with(l map[string]string, extra map[string]string) map[string]string {
+	out := maps.Clone(l)
+	maps.Copy(out, extra)
+	return out
+}
+
+// stalledRow is a row the stream stalls on: the labels of cdcrelay_stalled_event_info.
+type stalledRow struct{ id, exchange, key, cause string }
+
+// series is the info series' name and labels, as a replica.set key.
+func (r stalledRow) series() string {
+	return fmt.Sprintf(`cdcrelay_stalled_event_info{id=%q,exchange=%q,routing_key=%q,cause=%q}`, r.id, r.exchange, r.key, r.cause)
+}
+
+// labels are the row's labels on CdcrelayUnroutableStall.
+func (r stalledRow) labels() map[string]string {
+	return map[string]string{"id": r.id, "exchange": r.exchange, "routing_key": r.key, "cause": r.cause}
+}
+
+var (
+	noRoute    = stalledRow{"0190a4c2-7d1e-7b4a-9f00-3c1d2e4f5a6b", "events", "orders.refunded", "no_route"}
+	noExchange = stalledRow{"1042", "billing.v2", "invoice.issued", "no_exchange"}
+)
 
 // ruleScenario is one promtool test group: series and the alerts expected at some
 // evaluation times. At each of those times every alert not listed must be silent.
@@ -389,10 +419,79 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_poison_events_total": "0x4 1x36"})...),
 			quietAt:  []string{"30m"},
 			fire:     []firing{fire("6m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders))}},
-		{name: "returned messages",
-			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_returns_total": "0x4 1x36"})...),
-			quietAt:  []string{"30m"},
-			fire:     []firing{fire("6m", "CdcrelayMessagesReturned", v.bySvc("CdcrelayMessagesReturned", orders))}},
+		{name: "a stall on a row without a binding: the relay retries it, each retry a failed session spent mostly starting",
+			replicas: withBilling(
+				replica{target: o("a"), slot: orders.slot, role: "starting", holder: true, set: map[string]string{
+					noRoute.series(): "_x4 1x36", "cdcrelay_returns_total": "0x4 0+1x36", "cdcrelay_pipeline_restarts_total": "0x4 0+2x36"}},
+				replica{target: o("b"), slot: orders.slot, role: "standby"}),
+			quietAt: []string{"5m"}, // pending for 2m
+			fire: []firing{
+				fire("7m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				// NoStreamingRelay and RestartStorm hold off: the stall is the incident.
+				fire("20m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("40m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+			}},
+		{name: "a stall on a row whose exchange does not exist",
+			replicas: withBilling(ordersWith(o, map[string]string{noExchange.series(): "1x40"})...),
+			quietAt:  []string{"1m"},
+			fire:     []firing{fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noExchange.labels()))}},
+		{name: "a stall shorter than for: a binding came within a minute",
+			replicas: withBilling(ordersWith(o, map[string]string{
+				noRoute.series(): "_x4 1x1 stale", "cdcrelay_returns_total": "0x4 1 2x35", "cdcrelay_pipeline_restarts_total": "0x4 1 2x35"})...),
+			quietAt: []string{"5m", "6m", "7m", "10m", "30m"}},
+		{name: "a stall survives a failover: the standby takes over and stalls on the same row, one alert",
+			replicas: withBilling(
+				// a's pod is replaced at 10m; the new one waits as the standby.
+				replica{target: o("a"), slot: orders.slot, role: "streaming", holder: true, set: map[string]string{
+					noRoute.series(): "1x9 stale", `cdcrelay_role{role="streaming"}`: "1x9 0x31", `cdcrelay_role{role="standby"}`: "0x9 1x31"}},
+				replica{target: o("b"), slot: orders.slot, role: "standby", set: map[string]string{
+					noRoute.series(): "_x10 1x30", `cdcrelay_role{role="streaming"}`: "0x9 1x31", `cdcrelay_role{role="standby"}`: "1x9 0x31"}}),
+			fire: []firing{
+				fire("5m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("11m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("30m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+			}},
+		{name: "the stall ends: restarts during it do not make a storm afterwards, and a later outage pages",
+			replicas: withBilling(
+				replica{target: o("a"), slot: orders.slot, role: "starting", holder: true, set: map[string]string{
+					noRoute.series(): "1x14 stale", "cdcrelay_pipeline_restarts_total": "0+2x14 30x25",
+					`cdcrelay_role{role="starting"}`: "1x14 0x15 1x10", `cdcrelay_role{role="streaming"}`: "0x14 1x15 0x10"}},
+				replica{target: o("b"), slot: orders.slot, role: "standby"}),
+			quietAt: []string{"16m", "25m"},
+			fire: []firing{
+				fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("38m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
+			}},
+		{name: "a stall of billing does not hide an outage of orders",
+			replicas: []replica{
+				{target: o("a"), slot: orders.slot, role: "starting", holder: true, set: map[string]string{"cdcrelay_pipeline_restarts_total": "0+1x40"}},
+				{target: o("b"), slot: orders.slot, role: "starting"},
+				{target: b("c"), slot: billing.slot, role: "streaming", holder: true, set: map[string]string{noExchange.series(): "1x40"}}},
+			fire: []firing{
+				fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
+				fire("10m", "CdcrelayRestartStorm", v.bySvc("CdcrelayRestartStorm", orders)),
+				fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", billing), noExchange.labels())),
+			}},
+		{name: "a dead-letter copy returned: the row is parked too",
+			replicas: withBilling(ordersWith(o, map[string]string{
+				`cdcrelay_dead_letter_failures_total{outcome="returned"}`: "0x4 1x36",
+				"cdcrelay_outbox_parked":                                  "0x5 1x35", "cdcrelay_poison_events_total": "0x4 1x36"})...),
+			quietAt: []string{"4m", "25m"}, // 15 minutes after, only the parked row is left
+			fire: []firing{
+				fire("6m", "CdcrelayDeadLetterFailed", with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "returned"})),
+				fire("6m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders)),
+				fire("18m", "CdcrelayDeadLetterFailed", with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "returned"})),
+				fire("18m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders)),
+				fire("25m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders)),
+			}},
+		{name: "dead-letter copies nacked and refused: one alert per outcome",
+			replicas: withBilling(ordersWith(o, map[string]string{
+				`cdcrelay_dead_letter_failures_total{outcome="nacked"}`:  "0x9 3x31",
+				`cdcrelay_dead_letter_failures_total{outcome="refused"}`: "0x9 1x31"})...),
+			quietAt: []string{"9m", "30m"},
+			fire: []firing{fire("10m", "CdcrelayDeadLetterFailed",
+				with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "nacked"}),
+				with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "refused"}))}},
 		{name: "nacks keep coming",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_nacks_total": "0+1x40"})...),
 			quietAt:  []string{"3m"},
@@ -436,6 +535,35 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 				`cdcrelay_commit_to_ack_seconds_bucket{le="0.1"}`: "0x40", `cdcrelay_commit_to_ack_seconds_bucket{le="1"}`: "0x40"})...),
 			quietAt: []string{"5m"},
 			fire:    []firing{fire("15m", "CdcrelayEndToEndSlow", v.bySvc("CdcrelayEndToEndSlow", orders))}},
+		{name: "annotations of the stall and dead-letter alerts as rendered",
+			replicas: withBilling(ordersWith(o, map[string]string{
+				noRoute.series(): "1x40", `cdcrelay_dead_letter_failures_total{outcome="returned"}`: "0x4 2x36"})...),
+			fire: []firing{
+				fire("6m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("6m", "CdcrelayDeadLetterFailed", with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "returned"})),
+			},
+			fullAnnotations: map[string]map[string]string{
+				"CdcrelayUnroutableStall": {
+					"summary":     "The stream of svc/rel-cdcrelay-orders is stalled on outbox row 0190a4c2-7d1e-7b4a-9f00-3c1d2e4f5a6b: the broker cannot route it",
+					"description": `Outbox row 0190a4c2-7d1e-7b4a-9f00-3c1d2e4f5a6b (routing key "orders.refunded", exchange "events") cannot be routed: no queue is bound for its routing key (cause no_route). With unroutable: stall the relay publishes it again and again and nothing committed after it, so commit order holds, until a queue is bound for the key (or the exchange is declared); the slot's WAL and the backlog grow meanwhile. Bind the queue that should get it, or park the row: ` + runbookBase + "#a-row-the-broker-cannot-route",
+					"runbook_url": runbookBase + "#cdcrelayunroutablestall",
+				},
+				"CdcrelayDeadLetterFailed": {
+					"summary":     "The broker did not take dead-letter copies of parked rows of svc/rel-cdcrelay-orders (returned)",
+					"description": "The relay parked outbox rows and sent a copy of each to the dead-letter exchange, and the broker did not take 2 of them within 15 minutes: returned, no queue is bound on the dead-letter exchange for the row's routing key. The rows are parked all the same (published_at NULL, last_error set) and the stream goes on, but whoever watches the dead-letter queue does not hear of them. Bind a queue that takes every key to the dead-letter exchange: " + runbookBase + "#a-dead-letter-copy-the-broker-did-not-take",
+					"runbook_url": runbookBase + "#cdcrelaydeadletterfailed",
+				},
+			}},
+		{name: "the stall's description names a missing exchange",
+			replicas: withBilling(ordersWith(o, map[string]string{noExchange.series(): "1x40"})...),
+			fire:     []firing{fire("5m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noExchange.labels()))},
+			fullAnnotations: map[string]map[string]string{
+				"CdcrelayUnroutableStall": {
+					"summary":     "The stream of svc/rel-cdcrelay-orders is stalled on outbox row 1042: the broker cannot route it",
+					"description": `Outbox row 1042 (routing key "invoice.issued", exchange "billing.v2") cannot be routed: the exchange named in its exchange column does not exist (cause no_exchange). With unroutable: stall the relay publishes it again and again and nothing committed after it, so commit order holds, until a queue is bound for the key (or the exchange is declared); the slot's WAL and the backlog grow meanwhile. Bind the queue that should get it, or park the row: ` + runbookBase + "#a-row-the-broker-cannot-route",
+					"runbook_url": runbookBase + "#cdcrelayunroutablestall",
+				},
+			}},
 		{name: "annotations as rendered",
 			replicas: []replica{{target: b("c"), slot: billing.slot, role: "streaming", holder: true, set: map[string]string{
 				"cdcrelay_slot_retained_wal_bytes": gib2, "cdcrelay_oldest_unpublished_age_seconds": "600x40"}}},
@@ -447,7 +575,7 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 			fullAnnotations: map[string]map[string]string{
 				"CdcrelayNoStreamingRelay": {
 					"summary":     "No relay streams slot cdcrelay_orders (svc/rel-cdcrelay-orders)",
-					"description": "No scraped replica of svc/rel-cdcrelay-orders reports role=streaming: the pods are down, not scraped, still starting, or all waiting as standbys (an adoption or slot recreation that publishes its backlog does not count while the backfill advances). Outbox events are not published; PostgreSQL keeps the WAL for slot cdcrelay_orders meanwhile.",
+					"description": "No scraped replica of svc/rel-cdcrelay-orders reports role=streaming: the pods are down, not scraped, still starting, or all waiting as standbys (an adoption or slot recreation that publishes its backlog does not count while the backfill advances, nor a stream stalled on an unroutable row, which CdcrelayUnroutableStall reports). Outbox events are not published; PostgreSQL keeps the WAL for slot cdcrelay_orders meanwhile.",
 					"runbook_url": runbookBase + "#cdcrelaynostreamingrelay",
 				},
 				"CdcrelaySlotRetainedWalHigh": {
@@ -480,6 +608,24 @@ func selectorScenarios(v ruleVariant) []ruleScenario {
 		{name: "custom selector: retained WAL above the threshold",
 			replicas: append(ordersWith(c, map[string]string{"cdcrelay_slot_retained_wal_bytes": "2147483648x40"}), billingHealthy(c)),
 			fire:     []firing{fire("15m", "CdcrelaySlotRetainedWalHigh", v.bySlot("CdcrelaySlotRetainedWalHigh", orders))}},
+		{name: "custom selector: a stall, labelled with its row",
+			replicas: append(ordersWith(c, map[string]string{noRoute.series(): "1x40"}), billingHealthy(c)),
+			fire:     []firing{fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels()))}},
+		{name: "custom selector: a stall of billing does not hide an outage of orders (joined by target)",
+			replicas: []replica{
+				{target: c("a"), slot: orders.slot, role: "starting", holder: true},
+				{target: c("b"), slot: orders.slot, role: "starting"},
+				{target: c("c"), slot: billing.slot, role: "streaming", holder: true, set: map[string]string{noExchange.series(): "1x40"}}},
+			fire: []firing{
+				fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
+				fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", billing), noExchange.labels())),
+			}},
+		{name: "custom selector: a stall of orders holds NoStreamingRelay off for orders",
+			replicas: []replica{
+				{target: c("a"), slot: orders.slot, role: "starting", holder: true, set: map[string]string{noRoute.series(): "1x40"}},
+				{target: c("b"), slot: orders.slot, role: "standby"},
+				billingHealthy(c)},
+			fire: []firing{fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels()))}},
 		{name: "custom selector: parked row",
 			replicas: append(ordersWith(c, map[string]string{"cdcrelay_outbox_parked": "1x40"}), billingHealthy(c)),
 			fire:     []firing{fire("10m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders))}},

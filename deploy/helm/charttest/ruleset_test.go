@@ -1,11 +1,13 @@
 package charttest
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
 )
 
 // TestAlertRuleSet checks the rendered alert set against the contract: the alert
@@ -63,6 +65,13 @@ func TestAlertRuleSet(t *testing.T) {
 					if r.Alert == "CdcrelayNoStreamingRelay" || r.Alert == "CdcrelayNoStandby" {
 						perSource[r.Alert] = append(perSource[r.Alert], r.Labels["source"])
 						for _, s := range sels {
+							if s.name == "cdcrelay_stalled_event_info" {
+								// No slot label: joined by target with the slot's own role series.
+								if !strings.Contains(r.Expr, fmt.Sprintf(`and on (job, instance) cdcrelay_role{%s,slot=%q})`, strings.Join(matcherStrings(s), ","), r.Labels["slot"])) {
+									t.Errorf("%s for %s: the stall is not joined with the slot's replicas: %s", r.Alert, r.Labels["source"], r.Expr)
+								}
+								continue
+							}
 							if m := s.matcher("slot"); m == nil || m.Value != r.Labels["slot"] {
 								t.Errorf("%s for %s: selector without its slot: %s", r.Alert, r.Labels["source"], r.Expr)
 							}
@@ -78,6 +87,56 @@ func TestAlertRuleSet(t *testing.T) {
 				t.Errorf("CdcrelayNoStandby rules for sources %v, want orders only", got)
 			}
 		})
+	}
+}
+
+// matcherStrings returns a selector's matchers as PromQL writes them.
+func matcherStrings(s selector) []string {
+	var out []string
+	for _, m := range s.matchers {
+		out = append(out, m.String())
+	}
+	return out
+}
+
+// TestAlertGroupingMatchesLabels: no rule groups `by (…, slot, …)` over a metric
+// without the relay's slot label (the publisher's, the pipeline's, the janitor's
+// counters): such a rule would promise a label its alerts never carry. The
+// metrics that have it are slotLabelled's, as the relay registers them.
+func TestAlertGroupingMatchesLabels(t *testing.T) {
+	t.Parallel()
+	for _, file := range []string{"alerts.yaml", "alerts-selector.yaml"} {
+		groups := ruleGroups(t, []string{file})
+		checked := 0
+		for _, g := range groups {
+			for _, r := range g.Rules {
+				e, err := parser.NewParser(parser.Options{}).ParseExpr(r.Expr)
+				if err != nil {
+					t.Fatalf("%s: %v", r.Alert, err)
+				}
+				parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+					agg, ok := n.(*parser.AggregateExpr)
+					if !ok || agg.Without {
+						return nil
+					}
+					checked++
+					sels, err := selectors(agg.Expr.String())
+					if err != nil {
+						t.Fatalf("%s: %v", r.Alert, err)
+					}
+					for _, s := range sels {
+						name := strings.TrimSuffix(s.name, "_bucket")
+						if slices.Contains(agg.Grouping, "slot") && !slotLabelled[name] {
+							t.Errorf("%s (%s): %s groups by slot over %s, which has no slot label", r.Alert, file, agg.String(), s.name)
+						}
+					}
+					return nil
+				})
+			}
+		}
+		if checked < 10 {
+			t.Errorf("%s: only %d aggregations checked", file, checked)
+		}
 	}
 }
 
@@ -108,6 +167,9 @@ func TestAlertRuleValues(t *testing.T) {
 		"--set", "monitoring.prometheusRule.noStreamingRelay.for=2m",
 		"--set", "monitoring.prometheusRule.noStandby.severity=info",
 		"--set", "monitoring.prometheusRule.brokerBlocked.enabled=false",
+		"--set", "monitoring.prometheusRule.unroutableStall.for=30s",
+		"--set", "monitoring.prometheusRule.unroutableStall.severity=page",
+		"--set", "monitoring.prometheusRule.deadLetterFailed.enabled=false",
 		"--set", "monitoring.prometheusRule.runbookBaseURL=https://wiki.example.org/cdcrelay",
 		"--set-json", `monitoring.prometheusRule.extraRules=[{"alert":"MyOwnAlert","expr":"vector(1)","for":"1m","labels":{"severity":"info"}}]`)
 	checkRules(t, groups)
@@ -115,7 +177,7 @@ func TestAlertRuleValues(t *testing.T) {
 		"CdcrelayEndToEndSlow":            "> 0.25",
 		"CdcrelaySlotNearInvalidation":    ">= 0 < 5368709120",
 		"CdcrelayOldestUnpublishedTooOld": "> 900",
-		"CdcrelayRestartStorm":            "> 10",
+		"CdcrelayRestartStorm":            "> 10 unless on (namespace, service) max_over_time(cdcrelay_stalled_event_info{" + `namespace="svc",service=~"rel-cdcrelay-orders|rel-cdcrelay-billing|rel-cdcrelay-legacy"}[15m])`,
 		"CdcrelayMonitorStale":            "> 600",
 	}
 	for alert, suffix := range wantSuffix {
@@ -136,6 +198,13 @@ func TestAlertRuleValues(t *testing.T) {
 	}
 	if rs := ruleByAlert(groups, "CdcrelayBrokerBlocked"); len(rs) != 0 {
 		t.Errorf("CdcrelayBrokerBlocked rendered though disabled")
+	}
+	if rs := ruleByAlert(groups, "CdcrelayDeadLetterFailed"); len(rs) != 0 {
+		t.Errorf("CdcrelayDeadLetterFailed rendered though disabled")
+	}
+	if rs := ruleByAlert(groups, "CdcrelayUnroutableStall"); len(rs) != 1 || rs[0].For != "30s" || rs[0].Labels["severity"] != "page" ||
+		!strings.Contains(rs[0].Annotations["description"], "https://wiki.example.org/cdcrelay#a-row-the-broker-cannot-route") {
+		t.Errorf("CdcrelayUnroutableStall: %+v, want for 30s, severity page and the runbook base in its description", rs)
 	}
 	if r := ruleByAlert(groups, "CdcrelaySlotLost"); len(r) != 1 || r[0].Annotations["runbook_url"] != "https://wiki.example.org/cdcrelay#cdcrelayslotlost" {
 		t.Errorf("runbookBaseURL not applied: %+v", r)
@@ -163,6 +232,18 @@ func TestAlertValuesSchema(t *testing.T) {
 		if _, stderr, err := runHelm(t, args...); err == nil || !exitError(err) || !strings.Contains(stderr, "schema") {
 			t.Errorf("%s (%s): rendered or failed for another reason: %v\n%s", name, set, err, stderr)
 		}
+	}
+}
+
+// TestRemovedReturnsKey: the key of the former CdcrelayMessagesReturned fails the
+// render with a message that names its successor, instead of being ignored.
+func TestRemovedReturnsKey(t *testing.T) {
+	t.Parallel()
+	args := templateArgs(chartDir, []string{"alerts.yaml"}, "--set", "monitoring.prometheusRule.returns.enabled=false")
+	_, stderr, err := runHelm(t, args...)
+	if err == nil || !exitError(err) || !strings.Contains(stderr, "monitoring.prometheusRule.returns is gone") ||
+		!strings.Contains(stderr, "monitoring.prometheusRule.unroutableStall") {
+		t.Errorf("returns.enabled=false: want a failure naming unroutableStall (err %v):\n%s", err, stderr)
 	}
 }
 

@@ -277,6 +277,7 @@ STANDBY_RETRY
 SLOT_LOST
 LOCK_DATABASE
 POISON
+UNROUTABLE
 DEAD_LETTER_EXCHANGE
 MAX_MESSAGE_BYTES
 LOG_LEVEL
@@ -345,6 +346,7 @@ one setting, and the one that wins would be a surprise).
   (list "BACKOFF_MAX" $src.backoffMax "backoffMax")
   (list "AMQP_HEARTBEAT" $src.amqpHeartbeat "amqpHeartbeat")
   (list "POISON" $src.poison "poison")
+  (list "UNROUTABLE" $src.unroutable "unroutable")
   (list "DEAD_LETTER_EXCHANGE" $src.deadLetterExchange "deadLetterExchange")
   (list "MAX_MESSAGE_BYTES" $src.maxMessageBytes "maxMessageBytes")
   (list "SLOT_LOST" $src.slotLost "slotLost")
