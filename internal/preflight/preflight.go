@@ -85,6 +85,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) []Finding {
 	var fs []Finding
 	fs = append(fs, databaseChecks(ctx, cfg, opts)...)
 	fs = append(fs, brokerChecks(ctx, cfg, opts)...)
+	fs = append(fs, topologyChecks(ctx, cfg, managementURL(cfg), opts)...)
 	return scrub(fs, cfg.Scrub)
 }
 

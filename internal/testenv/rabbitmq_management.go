@@ -104,7 +104,10 @@ func (m *RabbitMQManagement) enable(ctx context.Context) error {
 func MustRabbitMQManagement(tb testing.TB, opts RabbitMQOptions) *RabbitMQManagement {
 	tb.Helper()
 	RequireIntegration(tb, "a private RabbitMQ node with the management plugin")
-	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	// A node takes up to a minute to boot on a busy two-core machine, and
+	// starting the plugin's applications (web server, stats) about as long
+	// again: setupTimeout for each.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*setupTimeout)
 	defer cancel()
 	m, err := StartRabbitMQManagement(ctx, opts)
 	if err != nil {
