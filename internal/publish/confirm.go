@@ -119,16 +119,10 @@ func (p *Publisher) settleCopy(l *lane, f inflight, returned bool) error {
 	var outcome string
 	switch {
 	case !f.dc.Acked() && l.ch.IsClosed():
-		err := fmt.Errorf("%w while the dead-letter copy of event %s was in flight", laneClosed(l), LogID(f.id))
-		e := l.closeReason()
-		if e == nil || f.alone == nil {
-			return err
+		if e := l.closeReason(); e != nil && f.alone != nil {
+			p.blame(l, e)
 		}
-		p.Resume.refuseCopy(f.at)
-		p.Metrics.deadLetter.WithLabelValues("refused").Inc()
-		p.Log.Error("the broker refused a parked event's dead-letter copy; the row stays parked, and its copy is not sent again",
-			"event", LogID(f.id), "dead_letter_exchange", f.exchange, "reason", clipText(e.Reason))
-		return err
+		return fmt.Errorf("%w while the dead-letter copy of event %s was in flight", laneClosed(l), LogID(f.id))
 	case !f.dc.Acked():
 		outcome = "nacked"
 	case returned:
@@ -151,6 +145,9 @@ func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
 		go func() {
 			select {
 			case e, ok := <-l.closed:
+				if ok && e != nil {
+					p.blame(l, e) // the lane's confirm loop may never see it: this error ends the session first
+				}
 				closed <- closedError("channel", e, ok)
 			case <-done:
 			case <-ctx.Done():

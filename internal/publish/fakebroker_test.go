@@ -380,7 +380,9 @@ func (b *fakeBroker) closeChannel() {
 	}
 	b.stats.channelCloses++
 	c := b.conn.chans[b.rng.IntN(len(b.conn.chans))]
-	c.shutdown(&amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - model", Server: true})
+	// Not a 406 or a 404: those are about the message in flight, which a
+	// careful session blames (returns.go); this fault is the broker's own.
+	c.shutdown(&amqp.Error{Code: amqp.InternalError, Reason: "INTERNAL_ERROR - model", Server: true})
 }
 
 // closeConn is amqp091-go's Connection.shutdown: e nil for the client's

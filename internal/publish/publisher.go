@@ -97,6 +97,7 @@ type Publisher struct {
 	unblocked atomic.Int64 // unix nanos of the last unblock
 
 	returns returnBook // returned messages waiting for their confirm's turn
+	alone   aloneBook  // each lane's message in flight alone, if any
 
 	lastMu  sync.Mutex
 	last    wal.Place // the newest streamed event published (Last)
@@ -305,8 +306,12 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 				"event", LogID(ev.ID), "place", ev.Place())
 			fallthrough
 		default:
+			var alone chan struct{}
+			if v == publishAlone {
+				alone = make(chan struct{})
+			}
 			var err error
-			if f, err = p.publish(ctx, l, &ev); err != nil {
+			if f, err = p.publish(ctx, l, &ev, alone); err != nil {
 				return err
 			}
 			if p.Unroutable == ParkUnroutable && p.DeadLetterExchange != "" && f.dc != nil && !f.copyOf {
@@ -314,8 +319,8 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 			}
 		}
 		f.weight = weight
-		if v == publishAlone && f.dc != nil {
-			f.alone = make(chan struct{})
+		if f.dc == nil {
+			f.alone = nil // nothing in flight to wait for
 		}
 		select {
 		case fifo <- f:
@@ -329,14 +334,17 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 				return ctx.Err()
 			}
 		}
+		p.alone.clear(l)
 	}
 }
 
 // publish sends one event, or handles it by the poison policy when it can
 // never become a valid message.
-func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event) (inflight, error) {
+// alone, when not nil, makes it the lane's only message in flight (Resume's
+// careful mode): it is closed once the confirm is handled.
+func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event, alone chan struct{}) (inflight, error) {
 	f := inflight{seq: ev.Seq, id: ev.ID, at: ev.Place(), sent: time.Now(), commit: ev.CommitTime,
-		exchange: p.Exchange, key: ev.RoutingKey}
+		exchange: p.Exchange, key: ev.RoutingKey, alone: alone}
 	if ev.Backfill { // not a commit time: kept out of commit-to-ack
 		f.commit = time.Time{}
 	}
@@ -349,6 +357,7 @@ func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event) (inflig
 	}
 	// mandatory: an unroutable message comes back as basic.return, which is
 	// a failure, never a silent drop.
+	p.alone.set(l, f) // before the send: the broker may close the channel at once
 	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, f.exchange, ev.RoutingKey, true, false, msg)
 	if err != nil {
 		if e := l.closeReason(); e != nil { // the broker closed the channel: say why
@@ -454,7 +463,7 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 		p.acks.Parked(f.seq, f.id, f.at, reason)
 		return f, nil
 	}
-	dc, key, err := p.sendCopy(ctx, l, ev, reason)
+	dc, key, err := p.sendCopy(ctx, l, ev, f, reason)
 	if err != nil {
 		return f, err
 	}
@@ -468,7 +477,7 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 
 // sendCopy publishes ev's dead-letter copy; dc is nil when none can be
 // sent.
-func (p *Publisher) sendCopy(ctx context.Context, l *lane, ev *wal.Event, reason string) (dc confirmation, key string, err error) {
+func (p *Publisher) sendCopy(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (dc confirmation, key string, err error) {
 	key = ev.RoutingKey
 	if len(key) > maxShortString {
 		key = ""
@@ -480,6 +489,8 @@ func (p *Publisher) sendCopy(ctx context.Context, l *lane, ev *wal.Event, reason
 		p.Log.Error("poison event not dead-lettered: its dead letter cannot be sent", "event", LogID(ev.ID), "reason", why)
 		return nil, key, nil
 	}
+	f.copyOf, f.exchange, f.key, f.rowExchange = true, p.DeadLetterExchange, key, false
+	p.alone.set(l, f)
 	dc, err = l.ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, msg)
 	if err != nil {
 		return nil, key, fmt.Errorf("dead-letter event %s: %w", LogID(ev.ID), err)

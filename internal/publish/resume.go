@@ -115,7 +115,10 @@ func (r *Resume) Forget() {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	*r = Resume{progress: r.progress, limit: r.limit, stalled: r.stalled}
+	// The broker's limit and a stall are about the broker, not the stream.
+	r.through, r.id, r.set = wal.Place{}, "", false
+	r.careful, r.carefulT, r.refused = wal.Place{}, time.Time{}, false
+	r.noCopy = nil
 }
 
 // verdict is what the publisher does with an event.

@@ -137,7 +137,7 @@ func (p *Publisher) parkLate(ctx context.Context, l *lane, f inflight, reason st
 		p.acks.Parked(f.seq, f.id, f.at, reason)
 		return nil
 	}
-	dc, key, err := p.sendCopy(ctx, l, f.ev, reason)
+	dc, key, err := p.sendCopy(ctx, l, f.ev, f, reason)
 	if err != nil {
 		return err
 	}
@@ -151,39 +151,101 @@ func (p *Publisher) parkLate(ctx context.Context, l *lane, f inflight, reason st
 }
 
 // closedWhile is the error of a lane whose channel closed while f was in
-// flight. When f was alone in flight, the broker's reason is about f: a
-// 406 PRECONDITION_FAILED is f's own content (a header the broker rejects,
-// a body above its max_message_size), so f is remembered as refused and
-// the next session parks it (poison); a 404 for an exchange named by f's
-// row is f's routing (CDCRELAY_UNROUTABLE). With several in flight the
-// culprit is unknown: the next session publishes them one at a time and
-// finds it (Resume).
+// flight; blame says whose fault it was, if f was alone.
 func (p *Publisher) closedWhile(l *lane, f inflight) error {
 	err := fmt.Errorf("%w while event %s was in flight", laneClosed(l), LogID(f.id))
-	e := l.closeReason()
-	if e == nil || f.alone == nil {
-		return err
+	if e := l.closeReason(); e != nil && f.alone != nil {
+		p.blame(l, e)
+	}
+	return err
+}
+
+// aloneBook holds, per lane, the message in flight alone (careful mode),
+// so that whichever goroutine first learns that the broker closed the
+// channel (the lane's confirm loop, or the publisher's watch) can blame it.
+type aloneBook struct {
+	mu sync.Mutex
+	m  map[*lane]*aloneEntry
+}
+
+type aloneEntry struct {
+	f      inflight
+	blamed bool
+}
+
+// set records f as l's message in flight alone, if it is one.
+func (b *aloneBook) set(l *lane, f inflight) {
+	if f.alone == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = make(map[*lane]*aloneEntry)
+	}
+	b.m[l] = &aloneEntry{f: f}
+}
+
+// clear forgets l's message in flight alone: its confirm was handled.
+func (b *aloneBook) clear(l *lane) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.m, l)
+}
+
+// take returns l's message in flight alone, once.
+func (b *aloneBook) take(l *lane) (inflight, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.m[l]
+	if e == nil || e.blamed {
+		return inflight{}, false
+	}
+	e.blamed = true
+	return e.f, true
+}
+
+// blame handles the broker closing l's channel with reason e while one
+// message was in flight alone: the reason is about that message. A 406
+// PRECONDITION_FAILED is its own content (a header the broker rejects, a
+// body above its max_message_size): it is remembered as refused and the
+// next session parks it (poison). A 404 for an exchange named by its row
+// is its routing (CDCRELAY_UNROUTABLE). A dead-letter copy refused so is
+// not sent again. With several in flight the culprit is unknown: the next
+// session publishes them one at a time and finds it (Resume).
+func (p *Publisher) blame(l *lane, e *amqp.Error) {
+	if e.Code != amqp.PreconditionFailed && e.Code != amqp.NotFound {
+		return // the broker's own trouble (an internal error, a node going down): a transport failure
+	}
+	// The broker's limit is a fact whichever message hit it.
+	if limit, ok := BrokerMaxMessageSize(e.Reason); ok && e.Code == amqp.PreconditionFailed {
+		p.Resume.learnLimit(limit, p.Metrics)
+	}
+	f, ok := p.alone.take(l)
+	if !ok {
+		return
 	}
 	switch {
+	case f.copyOf:
+		p.Resume.refuseCopy(f.at)
+		p.Metrics.deadLetter.WithLabelValues("refused").Inc()
+		p.Log.Error("the broker refused a parked event's dead-letter copy; the row stays parked, and its copy is not sent again",
+			"event", LogID(f.id), "dead_letter_exchange", f.exchange, "reason", clipText(e.Reason))
 	case e.Code == amqp.PreconditionFailed:
-		if limit, ok := BrokerMaxMessageSize(e.Reason); ok {
-			p.Resume.learnLimit(limit, p.Metrics)
-		}
 		reason := "the broker refused it: " + clipText(e.Reason)
 		p.Refused.addAt(f.id, f.at, reason)
 		p.Log.Error("the broker refused an event for its content; the session ends and the next one handles it as poison (CDCRELAY_POISON)",
 			"event", LogID(f.id), "reason", reason)
+	case e.Code == amqp.NotFound && f.rowExchange && p.Unroutable == ParkUnroutable:
+		p.Refused.addAt(f.id, f.at, fmt.Sprintf("unroutable: the row's exchange %q does not exist", f.exchange))
+		p.Log.Error("an event names an exchange that does not exist; the next session parks it (CDCRELAY_UNROUTABLE=park)",
+			"event", LogID(f.id), "exchange", f.exchange)
 	case e.Code == amqp.NotFound && f.rowExchange:
-		if p.Unroutable == ParkUnroutable {
-			reason := fmt.Sprintf("unroutable: the row's exchange %q does not exist", f.exchange)
-			p.Refused.addAt(f.id, f.at, reason)
-			p.Log.Error("an event names an exchange that does not exist; the next session parks it (CDCRELAY_UNROUTABLE=park)",
-				"event", LogID(f.id), "exchange", f.exchange)
-			break
-		}
 		p.Resume.stall(Stall{ID: f.id, Exchange: f.exchange, RoutingKey: f.key, Cause: CauseNoExchange, At: f.at}, p.Metrics)
+		p.Log.Error("stalled: an event names an exchange that does not exist (CDCRELAY_UNROUTABLE=stall)",
+			"event", LogID(f.id), "exchange", f.exchange, "routing_key", f.key,
+			"remedy", "declare the exchange, or set CDCRELAY_UNROUTABLE=park to park such rows")
 	}
-	return err
 }
 
 // Refusal reports whether err ended a session because the broker refused

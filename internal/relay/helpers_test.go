@@ -36,7 +36,14 @@ type env struct {
 
 func newEnv(t *testing.T, pgOpts testenv.PostgresOptions, binding string) *env {
 	t.Helper()
-	w := relaytest.NewWorld(t, relaytest.Options{PG: pgOpts, Exchange: "cdcrelay.test", Queue: "cdcrelay.q", Binding: binding})
+	return newEnvWith(t, pgOpts, "", binding)
+}
+
+// newEnvWith is newEnv with the broker at amqpURL (a private node); empty
+// means the machine's shared broker.
+func newEnvWith(t *testing.T, pgOpts testenv.PostgresOptions, amqpURL, binding string) *env {
+	t.Helper()
+	w := relaytest.NewWorld(t, relaytest.Options{PG: pgOpts, AMQPURL: amqpURL, Exchange: "cdcrelay.test", Queue: "cdcrelay.q", Binding: binding})
 	e := &env{t: t, pg: w.PG, dbURL: w.DBURL, amqpURL: w.AMQPURL, exchange: w.Exchange, consumer: w.Consumer, db: w.DB}
 	e.relayURL = leastPrivilegeRole(t, e.db, e.dbURL)
 	return e
