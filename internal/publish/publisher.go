@@ -296,7 +296,7 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 				return err
 			}
 		}
-		v := p.Resume.judge(&ev, time.Now())
+		v := p.Resume.judge(&ev)
 		var f inflight
 		switch v {
 		case skipDone:
@@ -334,7 +334,9 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 				return ctx.Err()
 			}
 		}
-		p.alone.clear(l)
+		if v == publishAlone {
+			p.alone.clear(l)
+		}
 	}
 }
 

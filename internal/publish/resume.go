@@ -133,7 +133,7 @@ const (
 
 // judge says what to do with ev. A backfilled event is never skipped: a
 // new slot's snapshot holds only rows not yet marked.
-func (r *Resume) judge(ev *wal.Event, now time.Time) verdict {
+func (r *Resume) judge(ev *wal.Event) verdict {
 	if r == nil || ev.Backfill {
 		return publishFast
 	}
@@ -149,7 +149,7 @@ func (r *Resume) judge(ev *wal.Event, now time.Time) verdict {
 		}
 		return skipDone
 	}
-	if !r.careful.Before(at) || now.Before(r.carefulT) {
+	if !r.careful.Before(at) || (!r.carefulT.IsZero() && time.Now().Before(r.carefulT)) {
 		return publishAlone
 	}
 	return publishFast

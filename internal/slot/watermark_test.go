@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
 // op is one step of a scripted stream: b=begin, e=event, c=commit(lsn),
@@ -172,5 +174,37 @@ func TestWatermarkBoundedMarks(t *testing.T) {
 	w.Ack(0)
 	if got := w.Position(); got != 20+9999 {
 		t.Fatalf("position %d, want %d", got, 20+9999)
+	}
+}
+
+// TestWatermarkDone: Done names the newest event of the acked prefix that
+// was acked with its place, inside a transaction too, and never an event
+// behind a gap.
+func TestWatermarkDone(t *testing.T) {
+	w := NewWatermark(100)
+	if _, _, ok := w.Done(); ok {
+		t.Fatal("Done before any ack")
+	}
+	w.Begin()
+	seqs := []uint64{w.Event(), w.Event(), w.Event(), w.Event()}
+	place := func(i int) wal.Place { return wal.Place{CommitLSN: 150, Index: i} }
+	w.AckAt(seqs[1], place(1), "b") // behind a gap: not done yet
+	if _, _, ok := w.Done(); ok {
+		t.Fatal("Done with event 0 unacked")
+	}
+	w.AckAt(seqs[0], place(0), "a")
+	if at, id, ok := w.Done(); !ok || at != place(1) || id != "b" {
+		t.Fatalf("Done = %v %q %v, want %v b", at, id, ok, place(1))
+	}
+	w.Ack(seqs[2]) // acked without a place: the prefix grows, Done stays at b
+	if at, _, _ := w.Done(); at != place(1) {
+		t.Fatalf("Done = %v after a placeless ack, want %v", at, place(1))
+	}
+	w.AckAt(seqs[3], place(3), "d")
+	if at, id, _ := w.Done(); at != place(3) || id != "d" {
+		t.Fatalf("Done = %v %q, want %v d", at, id, place(3))
+	}
+	if w.Position() != 100 {
+		t.Fatalf("position %s moved inside an open transaction", w.Position())
 	}
 }
