@@ -153,8 +153,9 @@ type inflight struct {
 	rowExchange bool
 	// copyOf is set on a parked event's dead-letter copy: the row is
 	// parked already, and the copy's fate is only counted.
-	copyOf  bool
-	resumed bool // done in an earlier session: not published
+	copyOf   bool
+	resumed  bool // done in an earlier session: not published
+	backfill bool // from a new slot's snapshot: its place is not stable across adoptions
 	// ev is kept only when a return can make the event poison with a
 	// dead-letter copy to send (parkLate); its bytes are in the budget
 	// until the confirm is handled anyway.
@@ -346,7 +347,7 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 // careful mode): it is closed once the confirm is handled.
 func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event, alone chan struct{}) (inflight, error) {
 	f := inflight{seq: ev.Seq, id: ev.ID, at: ev.Place(), sent: time.Now(), commit: ev.CommitTime,
-		exchange: p.Exchange, key: ev.RoutingKey, alone: alone}
+		exchange: p.Exchange, key: ev.RoutingKey, alone: alone, backfill: ev.Backfill}
 	if ev.Backfill { // not a commit time: kept out of commit-to-ack
 		f.commit = time.Time{}
 	}

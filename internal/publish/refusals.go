@@ -32,15 +32,26 @@ type refusal struct {
 	index     int
 }
 
+// refusalOf keys ev by id and place. A backfilled event's place is the new
+// slot's consistent point, which the next adoption changes: it is keyed by
+// its id alone (index -1).
 func refusalOf(ev *wal.Event) refusal {
+	if ev.Backfill {
+		return refusal{id: ev.ID, index: -1}
+	}
 	return refusal{id: ev.ID, commitLSN: ev.CommitLSN, index: ev.Index}
 }
 
 // add records why ev could not be encoded.
-func (r *Refusals) add(ev *wal.Event, reason string) { r.addAt(ev.ID, ev.Place(), reason) }
+func (r *Refusals) add(ev *wal.Event, reason string) { r.addKey(refusalOf(ev), reason) }
 
-// addAt records why the event id at place at was refused.
-func (r *Refusals) addAt(id string, at wal.Place, reason string) {
+// addAt records why the event id at place at (backfilled or not) was
+// refused.
+func (r *Refusals) addAt(id string, at wal.Place, backfill bool, reason string) {
+	r.addKey(refusalOf(&wal.Event{ID: id, CommitLSN: at.CommitLSN, Index: at.Index, Backfill: backfill}), reason)
+}
+
+func (r *Refusals) addKey(k refusal, reason string) {
 	if r == nil {
 		return
 	}
@@ -49,7 +60,7 @@ func (r *Refusals) addAt(id string, at wal.Place, reason string) {
 	if r.m == nil || len(r.m) >= maxRefusals {
 		r.m = make(map[refusal]string)
 	}
-	r.m[refusal{id: id, commitLSN: at.CommitLSN, index: at.Index}] = reason
+	r.m[k] = reason
 }
 
 // reason is why ev was refused in an earlier session, or "".

@@ -131,14 +131,21 @@ const (
 	skipUnverified                // at the remembered place but another id: publish, and forget
 )
 
-// judge says what to do with ev. A backfilled event is never skipped: a
-// new slot's snapshot holds only rows not yet marked.
+// judge says what to do with ev. A backfilled event is never skipped (a
+// new slot's snapshot holds only rows not yet marked), and goes alone only
+// for carefulFor after a refusal: its place is the new slot's.
 func (r *Resume) judge(ev *wal.Event) verdict {
-	if r == nil || ev.Backfill {
+	if r == nil {
 		return publishFast
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if ev.Backfill {
+		if !r.carefulT.IsZero() && time.Now().Before(r.carefulT) {
+			return publishAlone
+		}
+		return publishFast
+	}
 	at := ev.Place()
 	if r.set && !r.through.Before(at) {
 		if at == r.through && ev.ID != r.id {

@@ -233,11 +233,11 @@ func (p *Publisher) blame(l *lane, e *amqp.Error) {
 			"event", LogID(f.id), "dead_letter_exchange", f.exchange, "reason", clipText(e.Reason))
 	case e.Code == amqp.PreconditionFailed:
 		reason := "the broker refused it: " + clipText(e.Reason)
-		p.Refused.addAt(f.id, f.at, reason)
+		p.Refused.addAt(f.id, f.at, f.backfill, reason)
 		p.Log.Error("the broker refused an event for its content; the session ends and the next one handles it as poison (CDCRELAY_POISON)",
 			"event", LogID(f.id), "reason", reason)
 	case e.Code == amqp.NotFound && f.rowExchange && p.Unroutable == ParkUnroutable:
-		p.Refused.addAt(f.id, f.at, fmt.Sprintf("unroutable: the row's exchange %q does not exist", f.exchange))
+		p.Refused.addAt(f.id, f.at, f.backfill, fmt.Sprintf("unroutable: the row's exchange %q does not exist", f.exchange))
 		p.Log.Error("an event names an exchange that does not exist; the next session parks it (CDCRELAY_UNROUTABLE=park)",
 			"event", LogID(f.id), "exchange", f.exchange)
 	case e.Code == amqp.NotFound && f.rowExchange:

@@ -55,6 +55,10 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	g.Go(func() error { return r.budgeted(gctx, budget, rows, events) })
 	g.Go(func() error { return publisher.Run(gctx) })
 	if err := g.Wait(); err != nil {
+		// The next adoption publishes the backlog one message at a time for
+		// a while if the broker refused one (publish.Resume): a refusal then
+		// names its row.
+		r.resume.Failed(wal.Place{}, false, publish.Refusal(err))
 		return 0, fmt.Errorf("publish backlog: %w", err)
 	}
 	// The backlog's rows are behind the slot's consistent point: they must

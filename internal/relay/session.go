@@ -44,6 +44,7 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	}
 	r.owner.Store(true)
 	defer r.owner.Store(false)
+	r.resume.Begin(time.Now()) // careful for a while if the last session ended on a refusal
 	// The lock's connection stays idle from here on; losing it ends the
 	// session at once: work is cancelled and the replication socket closed.
 	work, cancelWork := context.WithCancel(ctx)

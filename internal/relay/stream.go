@@ -27,7 +27,6 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	defer context.AfterFunc(hard, link.Abort)()
 
 	watermark := slot.NewWatermark(start)
-	r.resume.Begin(time.Now())
 	events := make(chan wal.Event, eventBuffer)
 	budget := r.budget()
 	// A confirm loop waiting for room among unwritten marks must end with
