@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"reflect"
 	"regexp"
@@ -262,20 +261,13 @@ func (c *Config) validate() []string {
 	} else if _, err := pgconn.ParseConfig(c.DatabaseURL); err != nil {
 		bad("DATABASE_URL", "not a valid PostgreSQL connection string")
 	}
-	switch u, err := url.Parse(c.AMQPURL); {
-	case c.AMQPURL == "": // only run needs it: see RequireBroker
-	case err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "":
-		bad("AMQP_URL", "want amqp://user:password@host:port/vhost or amqps://…")
-	}
+	p = append(p, c.checkAMQPURL()...) // one node or several (amqpnodes.go)
 	if (c.AMQPTLSCert == "") != (c.AMQPTLSKey == "") {
 		bad("AMQP_TLS_CERT", "set together with %sAMQP_TLS_KEY", Prefix)
 	}
 	if c.AMQPTLSCA != "" || c.AMQPTLSCert != "" {
 		if _, err := c.AMQPTLS(); err != nil {
 			bad("AMQP_TLS_CA", "%v", err)
-		}
-		if u, err := url.Parse(c.AMQPURL); err == nil && c.AMQPURL != "" && u.Scheme != "amqps" {
-			bad("AMQP_URL", "TLS files are set but the URL is not amqps://")
 		}
 	}
 	if _, _, err := SplitTable(c.Table); err != nil {

@@ -162,8 +162,25 @@ func redactPostgresURL(s string) string {
 }
 
 // redactURL handles AMQP (and any other) URLs, split by net/url as
-// amqp091-go splits them.
+// amqp091-go splits them. A list of hosts (CDCRELAY_AMQP_URL naming
+// several broker nodes) is shown whole, each host checked as the relay
+// checks it; the rest is redacted as the URL of the first node.
 func redactURL(s string) string {
+	parts, ok := splitAMQPURL(s)
+	if !ok || len(parts.hosts) < 2 {
+		return redactOneURL(s, "")
+	}
+	for _, h := range parts.hosts {
+		if !amqpHost.MatchString(h) {
+			return unparseable
+		}
+	}
+	return redactOneURL(parts.node(parts.hosts[0]), strings.Join(parts.hosts, ","))
+}
+
+// redactOneURL redacts a single-host URL; hosts, when not empty, is shown
+// in place of its host.
+func redactOneURL(s, hosts string) string {
 	u, err := url.Parse(s)
 	// A '#' or an '@' other than the userinfo's own: the split may not be
 	// the one the author meant (an unescaped '#' or '?' in a password).
@@ -179,7 +196,10 @@ func redactURL(s string) string {
 		}
 		b.WriteString("@")
 	}
-	b.WriteString(u.Host + u.EscapedPath())
+	if hosts == "" {
+		hosts = u.Host
+	}
+	b.WriteString(hosts + u.EscapedPath())
 	if u.ForceQuery || u.RawQuery != "" {
 		writeQuery(&b, u.RawQuery, safeAMQPParams)
 	}

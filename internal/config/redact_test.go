@@ -79,8 +79,9 @@ func TestRedact(t *testing.T) {
 }
 
 // FuzzRedact: no input panics Redact, and whatever password pgx reads from
-// a connection string (that the string holds only once, so that it is not
-// also a host or a database name) is not in its redacted form.
+// a connection string, or amqp091-go from any node of an AMQP URL (that
+// the string holds only once, so that it is not also a host or a database
+// name) is not in its redacted form; for AMQP, Scrub hides it too.
 func FuzzRedact(f *testing.F) {
 	for _, s := range []string{
 		"postgres://u:pw-1234@db/app?sslmode=require",
@@ -90,10 +91,17 @@ func FuzzRedact(f *testing.F) {
 		"postgres://u:12#pw@h/db",
 		"postgres://h?password=p@ss-1234",
 		"amqp://guest:pw-1234@mq:5672/vh?heartbeat=10",
+		"amqp://guest:pw-1234@h1:5672,h2:5673,h3/vh",
+		"amqps://u:p%40ss-1234@[::1]:5671,[fe80::1%25eth0],10.0.0.3/%2f?heartbeat=5",
+		"amqp://u:pw/1234@h1,h2/",
+		"amqp://u:pw@1234@h1,h2:5672/",
+		"amqp://u:pw-1234@h1,,h3/",
+		"amqp://h1,h2?password=pw-1234",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, dsn string) {
+		checkAMQPRedaction(t, dsn) // one broker node or several
 		got := Redact(dsn)
 		cfg, err := pgconn.ParseConfig(dsn)
 		if err != nil {

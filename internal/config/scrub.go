@@ -31,7 +31,12 @@ type secret struct{ find, replace string }
 // before a shorter one it contains.
 func (c Config) secrets() []secret {
 	var out []secret
-	for _, raw := range []string{c.DatabaseURL, c.AMQPURL} {
+	raws := []string{c.DatabaseURL, c.AMQPURL}
+	if nodes := c.AMQPNodes(); len(nodes) > 1 {
+		// A library quotes the URL it dialed: one node's, not the list.
+		raws = append(raws, nodes...)
+	}
+	for _, raw := range raws {
 		if raw == "" {
 			continue
 		}
