@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,7 +33,19 @@ type Link struct {
 
 	connClosed chan *amqp.Error
 	blocked    chan amqp.Blocking
+
+	node      string // host:port of the broker node, for logs
+	nodeIndex int    // its place in DialOptions.URLs
 }
+
+// Node is the host:port of the broker node the link is connected to,
+// without credentials: what the relay logs.
+func (l *Link) Node() string { return l.node }
+
+// NodeIndex is the place in DialOptions.URLs of the node the link is
+// connected to (0 for DialOptions.URL): the caller starts its next Dial
+// after it.
+func (l *Link) NodeIndex() int { return l.nodeIndex }
 
 // lane is one confirm-mode channel with its own notifications. Messages on
 // one lane keep their order; lanes are independent of each other.
@@ -97,6 +111,12 @@ func (c amqpChannel) PublishWithDeferredConfirmWithContext(ctx context.Context, 
 
 // DialOptions configure Dial.
 type DialOptions struct {
+	// URLs are the broker nodes, each a single-host AMQP URL
+	// (config.Config.AMQPNodes), tried in this order; the first that
+	// connects and passes the checks is the link's node.
+	URLs []string
+	// URL is one node, for callers with one: the same as URLs holding
+	// only it. Ignored when URLs is set.
 	URL       string
 	Heartbeat time.Duration
 	Exchanges []string    // checked passively; empty names (the default exchange) are skipped
@@ -109,15 +129,69 @@ type DialOptions struct {
 // handshakeTimeout bounds the TCP connect and the TLS and AMQP handshakes.
 const handshakeTimeout = 10 * time.Second
 
-// Dial connects, opens the confirm-mode channels (one per lane) and checks the exchanges.
-// Recovery is left off on purpose: any broker failure must restart both
-// sides from the slot, not silently resume on a new channel.
+// Dial connects to the first node of o.URLs that answers, opens the
+// confirm-mode channels (one per lane) and checks the exchanges. A node
+// that cannot be dialed or set up is skipped for the next one; a missing
+// exchange is not (the nodes of a cluster share their exchanges, so every
+// node would say the same). Recovery is left off on purpose: any broker
+// failure must restart both sides from the slot, not silently resume on a
+// new channel; the caller picks the node the next session tries first.
 func Dial(ctx context.Context, o DialOptions) (*Link, error) {
+	urls := o.URLs
+	if len(urls) == 0 {
+		urls = []string{o.URL}
+	}
+	var failed nodeErrors
+	for i, u := range urls {
+		// The library's parse errors quote the URL, password included:
+		// name the node by its place and address only.
+		uri, err := amqp.ParseURI(u)
+		if err != nil {
+			failed = append(failed, fmt.Errorf("broker node %d of %d: not a valid AMQP URL", i+1, len(urls)))
+			continue
+		}
+		addr := net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+		l, err := dialNode(ctx, u, o)
+		if err == nil {
+			l.node, l.nodeIndex = addr, i
+			return l, nil
+		}
+		if len(urls) == 1 {
+			return nil, err
+		}
+		err = fmt.Errorf("broker node %s: %w", addr, err)
+		if errors.Is(err, ErrNoExchange) || ctx.Err() != nil {
+			return nil, err
+		}
+		failed = append(failed, err)
+	}
+	if len(failed) == 1 {
+		return nil, failed[0]
+	}
+	return nil, fmt.Errorf("connect to broker: none of its %d nodes answered: %w", len(urls), failed)
+}
+
+// nodeErrors are the failures of the nodes Dial tried, on one line (a log
+// line each): errors.Join would put each on a line of its own.
+type nodeErrors []error
+
+func (e nodeErrors) Error() string {
+	msgs := make([]string, len(e))
+	for i, err := range e {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (e nodeErrors) Unwrap() []error { return e }
+
+// dialNode connects to one node and sets the link up.
+func dialNode(ctx context.Context, url string, o DialOptions) (*Link, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(o.Name)
 	dialer := &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 30 * time.Second}
 	var raw *coalesce.Conn
-	conn, err := amqp.DialConfig(o.URL, amqp.Config{
+	conn, err := amqp.DialConfig(url, amqp.Config{
 		Heartbeat:       o.Heartbeat,
 		Properties:      props,
 		TLSClientConfig: o.TLS,

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -32,23 +34,78 @@ func (r *Relay) connectDB(ctx context.Context) (*pgx.Conn, error) {
 	return db, nil
 }
 
-// dial connects to the broker: the session's one connection to it.
+// dial connects to the broker: the session's one connection to it, to the
+// first node that answers in the rotation (brokerNodes).
 func (r *Relay) dial(ctx context.Context) (*publish.Link, error) {
 	tlsConfig, err := r.cfg.AMQPTLS()
 	if err != nil {
 		return nil, fmt.Errorf("broker TLS: %w", err)
 	}
+	nodes := r.broker.order(r.cfg.AMQPNodes())
 	link, err := publish.Dial(ctx, publish.DialOptions{
-		URL: r.cfg.AMQPURL, Heartbeat: r.cfg.AMQPHeartbeat, TLS: tlsConfig,
+		URLs: nodes, URL: r.cfg.AMQPURL, Heartbeat: r.cfg.AMQPHeartbeat, TLS: tlsConfig,
 		Exchanges: []string{r.cfg.Exchange, r.cfg.DeadLetterExchange},
 		Name:      "cdcrelay " + r.cfg.Slot, Window: r.cfg.MaxInFlight, Channels: r.cfg.PublishChannels,
 	})
 	if err != nil {
+		r.broker.failed()
 		r.metrics.connectFailures.WithLabelValues("broker").Inc()
 		return nil, err
 	}
+	if r.broker.connected(link.NodeIndex(), link.Node()) {
+		r.metrics.brokerNodeSwitches.Inc()
+	}
 	r.metrics.connectedTo("broker")
+	r.log.Info("connected to broker node", "node", link.Node(), "nodes", len(nodes))
 	return link, nil
+}
+
+// brokerNodes rotates the sessions over the broker nodes of
+// CDCRELAY_AMQP_URL, as the Java client and libpq's load_balance_hosts do:
+// shuffled once, so that replicas spread over the cluster, then each
+// session starts with the node after the previous session's. A session
+// ends only by failure (or stop), and the node it used may be the one that
+// failed: starting the next on the same node would wait out a dead node's
+// connection timeout at every restart. The zero value is ready; it is
+// touched by the Run goroutine only (sessions run one at a time).
+type brokerNodes struct {
+	shuffled []string // the configured nodes, in this process's order
+	next     int      // where the next session starts in shuffled
+	last     string   // host:port of the previous session's node
+}
+
+// order returns the nodes in the order the next session tries them.
+func (b *brokerNodes) order(nodes []string) []string {
+	if b.shuffled == nil {
+		b.shuffled = slices.Clone(nodes)
+		rand.Shuffle(len(b.shuffled), func(i, j int) { b.shuffled[i], b.shuffled[j] = b.shuffled[j], b.shuffled[i] })
+	}
+	n := len(b.shuffled)
+	if n == 0 {
+		return nil
+	}
+	return append(slices.Clone(b.shuffled[b.next%n:]), b.shuffled[:b.next%n]...)
+}
+
+// connected records that the session connected to the node at index i of
+// the last order, at addr, and reports whether that is another node than
+// the previous session's.
+func (b *brokerNodes) connected(i int, addr string) bool {
+	if n := len(b.shuffled); n > 0 {
+		b.next = (b.next + i + 1) % n
+	}
+	switched := b.last != "" && addr != b.last
+	b.last = addr
+	return switched
+}
+
+// failed records that no node answered: the next session starts one node
+// further, so that a node that hangs rather than refuses is not always
+// the first to be waited for.
+func (b *brokerNodes) failed() {
+	if n := len(b.shuffled); n > 0 {
+		b.next = (b.next + 1) % n
+	}
 }
 
 // replicationParams are set on the replication connection unless the URL

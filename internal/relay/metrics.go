@@ -10,6 +10,10 @@ type metrics struct {
 	slotLost        prometheus.Counter
 	backfilled      prometheus.Counter
 	role            *prometheus.GaugeVec
+
+	// brokerNodeSwitches counts sessions on another broker node than the
+	// session before (CDCRELAY_AMQP_URL lists several).
+	brokerNodeSwitches prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
@@ -23,6 +27,10 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cdcrelay_reconnects_total", Help: "Connections opened again after the first, by side (postgres replication or broker).",
 		}, []string{"side"}),
+		brokerNodeSwitches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_broker_node_switches_total",
+			Help: "Broker connections made to another node than the previous one (CDCRELAY_AMQP_URL lists several nodes; each session after a failure starts with the next).",
+		}),
 		connected: map[string]bool{},
 		slotLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_slot_lost_total", Help: "Times the slot was found invalidated (wal_status=lost).",
@@ -48,7 +56,7 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 		m.connectFailures.WithLabelValues(side)
 		m.reconnects.WithLabelValues(side)
 	}
-	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.slotLost, m.backfilled, m.role)
+	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.brokerNodeSwitches, m.slotLost, m.backfilled, m.role)
 	return m
 }
 

@@ -79,6 +79,7 @@ type Relay struct {
 	detail   atomic.Pointer[string] // what a starting relay waits for (see Status)
 	lockPID  atomic.Uint32          // backend pid of the last session's slot lock connection
 	owner    atomic.Bool            // the session holds the slot lock (see Owner)
+	broker   brokerNodes            // the node the next session dials first (connect.go)
 }
 
 // wedgedAfter is how long a streaming reader may go without a turn of its
