@@ -2,9 +2,11 @@ package preflight
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -12,20 +14,22 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
-// brokerChecks connects to the broker and checks the exchange passively
-// (declaring nothing). The whole check, handshake and every reply, ends by
-// opts.Timeout: a black-holed broker is an Error finding, not a hang.
+// brokerChecks connects to every broker node of CDCRELAY_AMQP_URL (one or
+// several, checked in parallel) and checks the exchange passively on each
+// (declaring nothing). Each node's check, handshake and every reply, ends
+// by opts.Timeout: a black-holed node is a finding, not a hang. With
+// several nodes every finding names its node; a node that cannot be
+// reached is an Error only when no node can: the relay skips it.
 func brokerChecks(ctx context.Context, cfg config.Config, opts Options) []Finding {
 	if cfg.AMQPURL == "" {
 		return []Finding{{Check: checkBroker, Severity: Error, Message: "CDCRELAY_AMQP_URL is not set: `cdcrelay run` needs the broker",
 			Remedy: "set CDCRELAY_AMQP_URL (or CDCRELAY_AMQP_URL_FILE)"}}
 	}
-	uri, err := amqp.ParseURI(cfg.AMQPURL)
+	nodes, err := config.ParseAMQPURL(cfg.AMQPURL)
 	if err != nil {
 		return []Finding{{Check: checkBroker, Severity: Error, Message: fmt.Sprintf("CDCRELAY_AMQP_URL is not a valid AMQP URL: %v", err),
-			Remedy: "use amqp://user:password@host:5672/vhost or amqps://…, with reserved characters in the password percent-encoded"}}
+			Remedy: "use amqp://user:password@host:5672/vhost or amqps://… (several nodes as host1:5672,host2:5672), with reserved characters in the password percent-encoded"}}
 	}
-	where := config.Redact(cfg.AMQPURL)
 	// The CA and client certificate run uses: without them check would
 	// fail against a broker signed by a private CA that run accepts.
 	tlsConfig, err := cfg.AMQPTLS()
@@ -33,13 +37,57 @@ func brokerChecks(ctx context.Context, cfg config.Config, opts Options) []Findin
 		return []Finding{{Check: checkBroker, Severity: Error, Message: fmt.Sprintf("broker TLS files: %v", err),
 			Remedy: "point CDCRELAY_AMQP_TLS_CA, CDCRELAY_AMQP_TLS_CERT and CDCRELAY_AMQP_TLS_KEY at readable PEM files"}}
 	}
+	results := make([]nodeResult, len(nodes))
+	var wg sync.WaitGroup
+	for i, node := range nodes {
+		wg.Go(func() { results[i] = brokerNodeChecks(ctx, cfg, node, tlsConfig, opts) })
+	}
+	wg.Wait()
+	if len(nodes) == 1 {
+		return results[0].findings
+	}
+	anyConnected := false
+	for _, r := range results {
+		anyConnected = anyConnected || r.connected
+	}
+	var fs []Finding
+	for i, r := range results {
+		label := fmt.Sprintf("node %d of %d (%s): ", i+1, len(nodes), config.AMQPNodeAddr(nodes[i]))
+		for _, f := range r.findings {
+			if r.unreachable && anyConnected {
+				f.Severity = Warn
+				f.Remedy += "; meanwhile the relay connects to the other nodes"
+			}
+			f.Message = label + f.Message
+			fs = append(fs, f)
+		}
+	}
+	return fs
+}
+
+// nodeResult is what the check found on one broker node.
+type nodeResult struct {
+	findings    []Finding
+	connected   bool
+	unreachable bool // the connection failed below AMQP (refused, timed out, TLS)
+}
+
+// brokerNodeChecks connects to one node (a single-host URL) and checks the
+// exchanges there, all within opts.Timeout.
+func brokerNodeChecks(ctx context.Context, cfg config.Config, node string, tlsConfig *tls.Config, opts Options) nodeResult {
+	uri, err := amqp.ParseURI(node)
+	if err != nil { // config.ParseAMQPURL checked it; the error would quote the password
+		return nodeResult{findings: []Finding{{Check: checkBroker, Severity: Error, Message: "not a valid AMQP URL",
+			Remedy: "use amqp://user:password@host:5672/vhost or amqps://…, with reserved characters in the password percent-encoded"}}}
+	}
+	where := config.Redact(node)
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(checkApplicationName)
-	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{
+	conn, err := amqp.DialConfig(node, amqp.Config{
 		Properties:      props,
 		Locale:          "en_US",
 		TLSClientConfig: tlsConfig,
@@ -57,7 +105,8 @@ func brokerChecks(ctx context.Context, cfg config.Config, opts Options) []Findin
 		},
 	})
 	if err != nil {
-		return []Finding{brokerDialFailed(where, uri, err)}
+		var aerr *amqp.Error
+		return nodeResult{findings: []Finding{brokerDialFailed(where, uri, err)}, unreachable: !errors.As(err, &aerr)}
 	}
 	defer func() { _ = conn.Close() }() // bounded by the deadline too
 
@@ -70,7 +119,7 @@ func brokerChecks(ctx context.Context, cfg config.Config, opts Options) []Findin
 		fs = append(fs, checkExchangeExists(conn, cfg.DeadLetterExchange, uri, "CDCRELAY_DEAD_LETTER_EXCHANGE"))
 	}
 	fs = append(fs, checkBrokerMaxMessageSize(ctx, conn, cfg)) // last: a probe cut off by the deadline ends the connection
-	return fs
+	return nodeResult{findings: fs, connected: true}
 }
 
 func brokerDialFailed(where string, uri amqp.URI, err error) Finding {
