@@ -42,6 +42,13 @@ type Delivery struct {
 // order, and reconnects on its own when the broker connection drops.
 type Consumer struct {
 	url, exchange, queue, bindingKey string
+	// nodes, when set, are the cluster nodes' URLs the consumer connects
+	// through in turn, starting with url's, and args the queue's
+	// arguments (a quorum queue's x-queue-type): see
+	// RabbitMQCluster.MustConsumer.
+	nodes    []string
+	args     amqp.Table
+	attempts int // connections tried, to pick the next node; run's goroutine only
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -63,19 +70,17 @@ type consumerSession struct {
 // with bindingKey ("#" for everything) and starts consuming into memory. ctx
 // bounds only the initial setup; the consumer runs until Close.
 func NewConsumer(ctx context.Context, url, exchange, queue, bindingKey string) (*Consumer, error) {
-	c := &Consumer{
-		url:        url,
-		exchange:   exchange,
-		queue:      queue,
-		bindingKey: bindingKey,
-		done:       make(chan struct{}),
-		changed:    make(chan struct{}),
-	}
+	return startConsumer(ctx, &Consumer{url: url, exchange: exchange, queue: queue, bindingKey: bindingKey})
+}
+
+// startConsumer connects c and starts consuming.
+func startConsumer(ctx context.Context, c *Consumer) (*Consumer, error) {
+	c.done, c.changed = make(chan struct{}), make(chan struct{})
 	// Connect synchronously so setup errors reach the caller and anything
 	// published after NewConsumer returns is routed to the queue.
 	sess, err := c.connect(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("new consumer on queue %q: %w", queue, err)
+		return nil, fmt.Errorf("new consumer on queue %q: %w", c.queue, err)
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
@@ -254,7 +259,13 @@ func (c *Consumer) reconnect(ctx context.Context) *consumerSession {
 // again on every reconnect is harmless (declarations are idempotent) and
 // recreates anything a broker reset lost.
 func (c *Consumer) connect(ctx context.Context) (*consumerSession, error) {
-	conn, err := DialAMQP(ctx, c.url)
+	url := c.url
+	if len(c.nodes) > 0 {
+		// A dead node is left for the next one at the next attempt.
+		url = c.nodes[c.attempts%len(c.nodes)]
+		c.attempts++
+	}
+	conn, err := DialAMQP(ctx, url)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +284,7 @@ func (c *Consumer) setup(conn *amqp.Connection) (<-chan amqp.Delivery, error) {
 	if err := ch.ExchangeDeclare(c.exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		return nil, fmt.Errorf("declare exchange %q: %w", c.exchange, err)
 	}
-	if _, err := ch.QueueDeclare(c.queue, true, false, false, false, nil); err != nil {
+	if _, err := ch.QueueDeclare(c.queue, true, false, false, false, c.args); err != nil {
 		return nil, fmt.Errorf("declare queue %q: %w", c.queue, err)
 	}
 	if err := ch.QueueBind(c.queue, c.bindingKey, c.exchange, false, nil); err != nil {

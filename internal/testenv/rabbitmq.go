@@ -39,6 +39,9 @@ type RabbitMQOptions struct {
 	Config map[string]string
 	// Log, when not nil, receives the node's log if startup fails.
 	Log io.Writer
+	// Cookie is the node's Erlang cookie; empty means a random one. Nodes
+	// that form a cluster (StartRabbitMQCluster) share one.
+	Cookie string
 }
 
 // RabbitMQ is a private broker node owned by the caller: its own Erlang
@@ -57,6 +60,7 @@ type RabbitMQ struct {
 	port     int    // AMQP, stable across restarts
 	distPort int
 	config   map[string]string
+	cookie   string
 
 	mu     sync.Mutex // serialises Start/Stop/Kill/Close
 	proc   *exec.Cmd
@@ -81,6 +85,10 @@ func StartRabbitMQ(ctx context.Context, opts RabbitMQOptions) (*RabbitMQ, error)
 		dir:    dir,
 		node:   UniqueName("cdcrelay_test") + "@localhost",
 		config: opts.Config,
+		cookie: opts.Cookie,
+	}
+	if r.cookie == "" {
+		r.cookie = randomCookie()
 	}
 	if err := r.setup(ctx); err != nil {
 		if opts.Log != nil {
@@ -100,7 +108,7 @@ func (r *RabbitMQ) setup(ctx context.Context) error {
 	}
 	// A private cookie in a private HOME: the node and the rabbitmqctl calls
 	// below share it, and nothing else can talk to the node.
-	if err := os.WriteFile(filepath.Join(r.dir, "home", ".erlang.cookie"), []byte(randomCookie()), 0o400); err != nil {
+	if err := os.WriteFile(filepath.Join(r.dir, "home", ".erlang.cookie"), []byte(r.cookie), 0o400); err != nil {
 		return fmt.Errorf("write cookie: %w", err)
 	}
 	// No plugins, and no /etc/rabbitmq/rabbitmq-env.conf (it names the
