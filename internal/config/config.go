@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"reflect"
 	"regexp"
@@ -36,6 +37,9 @@ type Config struct {
 	AMQPTLSCA       string `env:"AMQP_TLS_CA"`   // PEM file with the CA(s) that sign the broker's certificate
 	AMQPTLSCert     string `env:"AMQP_TLS_CERT"` // PEM client certificate, for brokers that require one
 	AMQPTLSKey      string `env:"AMQP_TLS_KEY"`  // PEM key of the client certificate
+	// AMQPManagementURL is the RabbitMQ management API, read by check only:
+	// AMQP cannot list bindings, queue arguments or policies.
+	AMQPManagementURL string `env:"AMQP_MANAGEMENT_URL"`
 
 	Exchange string `env:"EXCHANGE, default=events"`
 	// Table is the outbox table as configured, in SQL syntax (quoted parts
@@ -76,6 +80,7 @@ type Config struct {
 	LockDatabase      string        `env:"LOCK_DATABASE, default=postgres"` // where the slot lock is held and waited for
 
 	Poison             string   `env:"POISON, default=park"`
+	Unroutable         string   `env:"UNROUTABLE, default=stall"`
 	DeadLetterExchange string   `env:"DEAD_LETTER_EXCHANGE"`
 	MaxMessageBytes    ByteSize `env:"MAX_MESSAGE_BYTES, default=16MiB"`
 
@@ -262,6 +267,11 @@ func (c *Config) validate() []string {
 		bad("DATABASE_URL", "not a valid PostgreSQL connection string")
 	}
 	p = append(p, c.checkAMQPURL()...) // one node or several (amqpnodes.go)
+	if c.AMQPManagementURL != "" {
+		if u, err := url.Parse(c.AMQPManagementURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("AMQP_MANAGEMENT_URL", "want http://user:password@host:15672 or https://…")
+		}
+	}
 	if (c.AMQPTLSCert == "") != (c.AMQPTLSKey == "") {
 		bad("AMQP_TLS_CERT", "set together with %sAMQP_TLS_KEY", Prefix)
 	}
@@ -327,6 +337,9 @@ func (c *Config) validate() []string {
 	}
 	if c.Poison != PoisonPark && c.Poison != PoisonStop {
 		bad("POISON", "%q: want %s or %s", c.Poison, PoisonPark, PoisonStop)
+	}
+	if c.Unroutable != UnroutableStall && c.Unroutable != UnroutablePark {
+		bad("UNROUTABLE", "%q: want %s or %s", c.Unroutable, UnroutableStall, UnroutablePark)
 	}
 	if c.MaxMessageBytes < 1 {
 		bad("MAX_MESSAGE_BYTES", "must be positive")
@@ -398,6 +411,13 @@ const (
 const (
 	PoisonPark = "park" // mark the row attempts+1 / last_error, dead-letter it if configured, go on
 	PoisonStop = "stop" // exit with an error naming the event
+)
+
+// What to do with a row the broker cannot route: a NO_ROUTE return, or a
+// per-row exchange that does not exist.
+const (
+	UnroutableStall = "stall" // retry it until a binding or the exchange appears; keeps commit order
+	UnroutablePark  = "park"  // treat it as poison (CDCRELAY_POISON)
 )
 
 // Duration is a time.Duration that also accepts days, as in "7d" or "1d12h".

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -29,9 +28,8 @@ const checkTopology = "topology"
 const managementURLVariable = config.Prefix + "AMQP_MANAGEMENT_URL"
 
 // managementURL is the management API URL check uses: the one seam between
-// the checks and where the setting comes from. It reads the environment
-// until internal/config carries the setting.
-func managementURL(config.Config) string { return os.Getenv(managementURLVariable) }
+// the checks and where the setting comes from.
+func managementURL(cfg config.Config) string { return cfg.AMQPManagementURL }
 
 // maxBoundQueues bounds how many queues (reached directly or through
 // exchange-to-exchange bindings) check looks up one by one, so a vhost with
@@ -54,9 +52,13 @@ const defaultOverflow = "drop-head"
 // full. Without mgmtURL it says once that these were not checked. Every
 // finding is scrubbed of mgmtURL's password.
 func topologyChecks(ctx context.Context, cfg config.Config, mgmtURL string, opts Options) []Finding {
-	uri, err := amqp.ParseURI(cfg.AMQPURL)
-	if err != nil {
+	nodes := cfg.AMQPNodes() // every node serves the same vhost: the first one's URL says which
+	if len(nodes) == 0 {
 		return nil // the broker check already reports a missing or bad AMQP URL
+	}
+	uri, err := amqp.ParseURI(nodes[0])
+	if err != nil {
+		return nil
 	}
 	if strings.TrimSpace(mgmtURL) == "" {
 		how := fmt.Sprintf("set %s=http://user:password@host:15672 (the management plugin's API; a user with the monitoring tag and access to vhost %q) to check them", managementURLVariable, uri.Vhost)
