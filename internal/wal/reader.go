@@ -115,6 +115,9 @@ type stream interface {
 	// unwatch leaves the connection as its owner expects it once the
 	// reader is done with it (no receive deadline on the socket).
 	unwatch()
+	// broken reports a connection its driver has closed after a failure:
+	// nothing may be sent on it (pgconn's own closing goroutine writes).
+	broken() bool
 }
 
 // pgStream is a stream over a real replication connection.
@@ -183,6 +186,8 @@ func (s *pgStream) unwatch() {
 	s.mu.Unlock()
 	s.watched = nil
 }
+
+func (s *pgStream) broken() bool { return s.conn.IsClosed() }
 
 // aLongTimeAgo is a deadline in the past: a read with it returns at once.
 var aLongTimeAgo = time.Unix(1, 0)
@@ -493,6 +498,11 @@ func (r *Reader) Confirm() error {
 	pos := r.cfg.Positions.Position()
 	if pos <= r.sent {
 		return nil
+	}
+	// A connection that failed is closed by its driver, which writes its
+	// goodbye from a goroutine of its own; the slot keeps what was sent.
+	if r.conn.broken() {
+		return errors.New("the replication connection is closed")
 	}
 	return r.sendStatus(pos)
 }

@@ -43,6 +43,8 @@ func (f *fakeStream) ReceiveMessage(ctx context.Context) (pgproto3.BackendMessag
 
 func (f *fakeStream) unwatch() {}
 
+func (f *fakeStream) broken() bool { return false }
+
 func (f *fakeStream) SendStatus(_ context.Context, u pglogrepl.StandbyStatusUpdate) error {
 	f.updates <- u
 	return nil
