@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -68,8 +69,9 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 		return 0, fmt.Errorf("declare backfill cursor: %w", err)
 	}
 	n, count := 0, backfillFirstFetch
+	at := SnapshotLSN(c.ConsistentPoint)
 	send := func(ev wal.Event) error {
-		ev.Seq, ev.CommitLSN, ev.Index = seq.Event(), c.ConsistentPoint, n
+		ev.Seq, ev.CommitLSN, ev.Index = seq.Event(), at, n
 		select {
 		case out <- ev:
 			n++
@@ -255,3 +257,15 @@ ORDER BY %s`,
 		pgx.Identifier{m.ID}.Sanitize(), table, inner,
 		strings.Join(sizes, " + "), strings.Join(rendered, ", "), outer)
 }
+
+// SnapshotLSN is the commit LSN a new slot's snapshot rows carry: the LSN
+// just before the slot's consistent point. Every snapshot row committed
+// before that point, and the stream holds exactly the transactions whose
+// commit record starts at or after it, so (SnapshotLSN, index) sorts after
+// every event streamed from an earlier slot and strictly before every event
+// streamed from this one, including a transaction whose commit record
+// starts exactly at the consistent point. No WAL record starts there (a
+// record is at least 24 bytes long and the one before ends at the
+// consistent point), so no streamed transaction has it as its commit LSN
+// (docs/messages.md, invariant 12).
+func SnapshotLSN(consistentPoint pglogrepl.LSN) pglogrepl.LSN { return consistentPoint - 1 }

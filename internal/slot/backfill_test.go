@@ -151,7 +151,7 @@ func TestIntegrationBackfillByBytes(t *testing.T) {
 		t.Fatalf("Backfill returned %d and sent %d events, want %d", n, len(got), len(want))
 	}
 	for i, ev := range got {
-		if ev.ID != want[i] || ev.Index != i || ev.Seq != uint64(i+1) || ev.CommitLSN != c.ConsistentPoint || !ev.Backfill {
+		if ev.ID != want[i] || ev.Index != i || ev.Seq != uint64(i+1) || ev.CommitLSN != c.ConsistentPoint-1 || !ev.Backfill {
 			t.Fatalf("event %d: id %q index %d seq %d lsn %s backfill %v; want id %q", i, ev.ID, ev.Index, ev.Seq, ev.CommitLSN, ev.Backfill, want[i])
 		}
 		var problem string
