@@ -38,6 +38,7 @@ type target struct {
 	id, key, payload       string // required columns
 	headers, exch, msgType string // optional columns ("" = not configured)
 	slotLost               string // CDCRELAY_SLOT_LOST
+	poison                 string // CDCRELAY_POISON
 }
 
 // qualified is the table's name as SQL, parts quoted where needed.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // This file classifies the outbox table and its columns; like classify.go
@@ -142,8 +144,22 @@ func classifyColumn(t target, tf tableFacts, name string, r columnRule) Finding 
 	}
 	if r.required && !c.notNull {
 		f.Severity = Warn
-		f.Message = fmt.Sprintf("%s: %s allows NULL: a row with a NULL %s stops the relay at that row", name, c.typ, r.role)
+		f.Message = fmt.Sprintf("%s: %s allows NULL: %s", name, c.typ, nullFate(t, r))
 		f.Remedy = fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s SET NOT NULL;", t.qualified(), quoteIdent(name))
 	}
 	return f
+}
+
+// nullFate says what the decoder (internal/wal) does with a row whose
+// required column r is NULL: without an id the row cannot be parked (its
+// mark names it by id), so the relay stops; a NULL routing key or payload
+// makes the row poison, which CDCRELAY_POISON parks or stops at.
+func nullFate(t target, r columnRule) string {
+	if r.role == ruleID.role {
+		return fmt.Sprintf("a row with a NULL %s stops the relay at that row (it cannot be parked without an id)", r.role)
+	}
+	if t.poison == config.PoisonStop {
+		return fmt.Sprintf("a row with a NULL %s is poison and, with CDCRELAY_POISON=stop, stops the relay at that row", r.role)
+	}
+	return fmt.Sprintf("a row with a NULL %s is poison: it is parked (attempts, last_error set; published_at stays NULL) and the stream goes on", r.role)
 }

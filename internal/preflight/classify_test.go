@@ -180,7 +180,7 @@ func TestClassifySyncStandby(t *testing.T) {
 var tgt = target{
 	schema: "public", table: "event_outbox", publication: "cdcrelay_outbox", slot: "cdcrelay_outbox",
 	database: "app", role: "relay", id: "id", key: "routing_key", payload: "payload",
-	headers: "headers", exch: "exchange", msgType: "event_type",
+	headers: "headers", exch: "exchange", msgType: "event_type", poison: config.PoisonPark,
 }
 
 func TestClassifyPrivilegesNamesEachMissingOne(t *testing.T) {
@@ -286,6 +286,24 @@ func TestClassifyColumns(t *testing.T) {
 	tf.columns[0].notNull = false
 	if _, w := severities(classifyColumns(tgt, tf)); w != 1 {
 		t.Fatal("nullable id is not a warning")
+	}
+	// What check says of a NULL follows the decoder (internal/wal): a NULL
+	// id stops the relay, a NULL routing key or payload is poison, parked
+	// unless CDCRELAY_POISON=stop.
+	tf = outboxColumns()
+	tf.columns[1].notNull = false
+	if fs := classifyColumns(tgt, tf); !strings.Contains(fs[1].Message, "is poison: it is parked") || strings.Contains(fs[1].Message, "stops") {
+		t.Fatalf("nullable routing key, CDCRELAY_POISON=park: %q", fs[1].Message)
+	}
+	stop := tgt
+	stop.poison = config.PoisonStop
+	if fs := classifyColumns(stop, tf); !strings.Contains(fs[1].Message, "CDCRELAY_POISON=stop, stops the relay") {
+		t.Fatalf("nullable routing key, CDCRELAY_POISON=stop: %q", fs[1].Message)
+	}
+	tf = outboxColumns()
+	tf.columns[0].notNull = false
+	if fs := classifyColumns(tgt, tf); !strings.Contains(fs[0].Message, "stops the relay") {
+		t.Fatalf("nullable id: %q", fs[0].Message)
 	}
 	tf = outboxColumns()
 	tf.columns = append(tf.columns[:4], column{"headers", "jsonb", "jsonb", false}, column{"exchange", "text", "text", false})

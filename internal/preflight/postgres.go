@@ -148,7 +148,7 @@ func newTarget(cfg config.Config) (target, error) {
 		schema: schema, table: table, publication: cfg.Publication, slot: cfg.Slot,
 		id: cfg.IDColumn, key: cfg.RoutingKeyColumn, payload: cfg.PayloadColumn,
 		headers: cfg.HeadersColumn, exch: cfg.ExchangeColumn, msgType: cfg.TypeColumn,
-		slotLost: cfg.SlotLost,
+		slotLost: cfg.SlotLost, poison: cfg.Poison,
 	}, nil
 }
 
