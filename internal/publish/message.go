@@ -8,9 +8,12 @@ package publish
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -32,8 +35,8 @@ const (
 func Message(ev *wal.Event) (amqp.Publishing, error) {
 	headers := amqp.Table{}
 	if len(ev.Headers) > 0 {
-		var raw map[string]any
-		if err := json.Unmarshal(ev.Headers, &raw); err != nil {
+		raw, err := decodeHeaders(ev.Headers)
+		if err != nil {
 			return amqp.Publishing{}, fmt.Errorf("event %s: headers column is not a JSON object: %w", ev.ID, err)
 		}
 		for k, v := range raw {
@@ -84,19 +87,37 @@ func lsnText(lsn pglogrepl.LSN) string {
 	return string(b)
 }
 
-// tableValue converts a decoded JSON value to one an AMQP table accepts.
-// JSON null has no AMQP counterpart worth sending and is dropped.
+// decodeHeaders decodes the headers column, a JSON object (or null),
+// keeping every number as its JSON text (json.Number): a float64 would
+// round integers above 2^53 and fail on numbers beyond its range, and the
+// header must carry the value as stored (docs/messages.md, "Header
+// values"). Like json.Unmarshal, it refuses anything after the object.
+func decodeHeaders(b []byte) (map[string]any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var raw map[string]any
+	if err := dec.Decode(&raw); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("more data after the first JSON value")
+	}
+	return raw, nil
+}
+
+// tableValue converts a decoded JSON value to one an AMQP table accepts,
+// keeping its exact value (docs/messages.md, "Header values"). A null
+// member of an object is dropped, as absent and null mean the same to a
+// header reader; a null array element becomes AMQP void (nil), so the
+// elements after it keep their positions.
 func tableValue(v any) (any, bool) {
 	switch x := v.(type) {
 	case nil:
 		return nil, false
-	case float64:
-		if x == math.Trunc(x) && math.Abs(x) < 1<<53 {
-			return int64(x), true
-		}
-		return x, true
+	case json.Number:
+		return numberValue(string(x)), true
 	case map[string]any:
-		t := amqp.Table{}
+		t := make(amqp.Table, len(x))
 		for k, e := range x {
 			if c, ok := tableValue(e); ok {
 				t[k] = c
@@ -104,14 +125,43 @@ func tableValue(v any) (any, bool) {
 		}
 		return t, true
 	case []any:
-		out := make([]any, 0, len(x))
-		for _, e := range x {
-			if c, ok := tableValue(e); ok {
-				out = append(out, c)
-			}
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i], _ = tableValue(e) // nil stays nil: AMQP void
 		}
 		return out, true
 	default: // string, bool
 		return x, true
 	}
+}
+
+// numberValue is the AMQP value of the JSON number text s, the most
+// precise type from which s can be written back exactly (numberText):
+// an integer that fits int64 is an int64 ('l'); a number with a fraction
+// and no exponent whose digits fit AMQP's decimal (an int32 and a scale)
+// is an amqp.Decimal ('D'); everything else (integers beyond int64,
+// longer decimals, exponent forms such as 1e400, and negative zero, which
+// neither type can sign) is a string holding s itself. AMQP has no exact
+// type for those, and a double would change them.
+func numberValue(s string) any {
+	if strings.ContainsAny(s, "eE") || s == "-0" || (strings.HasPrefix(s, "-0.") && strings.Trim(s, "-0.") == "") {
+		return s
+	}
+	intPart, frac, hasFrac := strings.Cut(s, ".")
+	if !hasFrac {
+		if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+			return n
+		}
+		return s
+	}
+	if len(frac) > math.MaxUint8 {
+		return s
+	}
+	// JSON has no leading zeros beyond a lone "0", so the digits without
+	// the point read back to s once the point is put back at len(frac).
+	v, err := strconv.ParseInt(intPart+frac, 10, 32)
+	if err != nil {
+		return s
+	}
+	return amqp.Decimal{Scale: uint8(len(frac)), Value: int32(v)}
 }

@@ -71,7 +71,7 @@ func TestMessage(t *testing.T) {
 			name:      "headers column is copied, its traceparent wins",
 			ev:        wal.Event{ID: "id1", Headers: []byte(`{"traceparent":"` + tp + `","n":3,"f":1.5,"b":true,"o":{"x":"y"},"l":[1,"a"],"z":null}`), Payload: []byte(`{"trace_context":"00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01"}`)},
 			wantTrace: tp,
-			headers:   map[string]any{"n": int64(3), "f": 1.5, "b": true, "o": amqp.Table{"x": "y"}, "l": []any{int64(1), "a"}},
+			headers:   map[string]any{"n": int64(3), "f": amqp.Decimal{Scale: 1, Value: 15}, "b": true, "o": amqp.Table{"x": "y"}, "l": []any{int64(1), "a"}},
 		},
 		{
 			name:    "headers column that is not an object",

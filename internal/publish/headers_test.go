@@ -1,0 +1,215 @@
+package publish
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"strconv"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/cdcrelay/cdcrelay/internal/wal"
+)
+
+// numberText is the JSON text of a header value numberValue made from a
+// JSON number: what a consumer writes back to recover the stored number.
+// ok is false for a value numberValue never makes from a number.
+func numberText(v any) (text string, ok bool) {
+	switch x := v.(type) {
+	case int64:
+		return strconv.FormatInt(x, 10), true
+	case string:
+		return x, true
+	case amqp.Decimal:
+		if x.Scale == 0 {
+			return "", false
+		}
+		digits := strconv.FormatInt(int64(x.Value), 10)
+		sign := ""
+		if x.Value < 0 {
+			sign, digits = "-", digits[1:]
+		}
+		if pad := int(x.Scale) + 1 - len(digits); pad > 0 {
+			digits = strings.Repeat("0", pad) + digits
+		}
+		cut := len(digits) - int(x.Scale)
+		return sign + digits[:cut] + "." + digits[cut:], true
+	default:
+		return "", false
+	}
+}
+
+// headerNumberCases are the mapping of docs/messages.md ("Header values").
+var headerNumberCases = []struct {
+	text string
+	want any
+}{
+	{"0", int64(0)},
+	{"-1", int64(-1)},
+	{"9007199254740993", int64(9007199254740993)}, // 2^53 + 1: a double rounds it
+	{"1234567890123456789", int64(1234567890123456789)},
+	{"9223372036854775807", int64(9223372036854775807)},
+	{"-9223372036854775808", int64(-9223372036854775808)},
+	{"9223372036854775808", "9223372036854775808"}, // beyond int64
+	{"123456789012345678901234567890", "123456789012345678901234567890"},
+	{"12.50", amqp.Decimal{Scale: 2, Value: 1250}}, // the trailing zero is kept
+	{"0.05", amqp.Decimal{Scale: 2, Value: 5}},
+	{"-0.5", amqp.Decimal{Scale: 1, Value: -5}},
+	{"0.0", amqp.Decimal{Scale: 1, Value: 0}},
+	{"214748364.7", amqp.Decimal{Scale: 1, Value: 2147483647}},
+	{"-214748364.8", amqp.Decimal{Scale: 1, Value: -2147483648}},
+	{"214748364.8", "214748364.8"}, // digits beyond int32
+	{"3.14159265358979323846", "3.14159265358979323846"},
+	{"1e400", "1e400"}, // beyond float64
+	{"1E5", "1E5"},
+	{"1.5e-3", "1.5e-3"},
+	{"-0", "-0"}, // neither int64 nor decimal keeps the sign of zero
+	{"-0.00", "-0.00"},
+	{"0." + strings.Repeat("0", 300) + "1", "0." + strings.Repeat("0", 300) + "1"}, // scale above 255
+}
+
+func TestHeaderNumbers(t *testing.T) {
+	for _, c := range headerNumberCases {
+		got := numberValue(c.text)
+		if got != c.want {
+			t.Errorf("numberValue(%s) = %#v, want %#v", c.text, got, c.want)
+		}
+		if back, ok := numberText(got); !ok || back != c.text {
+			t.Errorf("numberText(%#v) = %q, %v; want %q", got, back, ok, c.text)
+		}
+	}
+}
+
+func TestHeaderValues(t *testing.T) {
+	ev := wal.Event{ID: "id1", Payload: []byte(`{}`), Headers: []byte(`{
+		"snowflake": 1234567890123456789, "big": 1e400, "price": 12.50, "z": null,
+		"o": {"a": [1, null, "x", 9223372036854775808, {"b": false}], "n": null}, "s": "Zürich"}`)}
+	msg, err := Message(&ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := amqp.Table{
+		"snowflake": int64(1234567890123456789), "big": "1e400", "price": amqp.Decimal{Scale: 2, Value: 1250},
+		"o": amqp.Table{"a": []any{int64(1), nil, "x", "9223372036854775808", amqp.Table{"b": false}}}, "s": "Zürich",
+	}
+	for k, w := range want {
+		if !equal(msg.Headers[k], w) {
+			t.Errorf("header %s = %#v, want %#v", k, msg.Headers[k], w)
+		}
+	}
+	if _, ok := msg.Headers["z"]; ok {
+		t.Error("a null member is forwarded")
+	}
+	if why := Unsendable("x", "k", &msg, 128<<10); why != "" {
+		t.Fatal(why)
+	}
+	for _, bad := range []string{`{"a":1} {}`, `{"a":1}]`, `[1]`, `{"a":}`} {
+		if _, err := Message(&wal.Event{ID: "id1", Payload: []byte(`{}`), Headers: []byte(bad)}); err == nil {
+			t.Errorf("headers %s accepted", bad)
+		}
+	}
+}
+
+// FuzzHeaderValues checks the header mapping on every JSON object: Message
+// never refuses one, the table is one amqp091-go and Unsendable accept,
+// and every value is the stored one, each number's exact text recoverable
+// from its AMQP value (numberText). The input is also tried as a number
+// and as a member value, since random bytes are rarely an object.
+func FuzzHeaderValues(f *testing.F) {
+	for _, c := range headerNumberCases {
+		f.Add([]byte(c.text))
+	}
+	f.Add([]byte(`{"a":[1,null,{"b":2.5}],"c":"d","e":true,"f":null}`))
+	f.Add([]byte(`{"a":1,"a":"dup"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkHeaders(t, data)
+		v := string(data)
+		checkHeaders(t, []byte(`{"n":`+v+`,"l":[`+v+`,null],"o":{"m":`+v+`}}`))
+	})
+}
+
+// checkHeaders runs Message on headers and, when they are a JSON object,
+// compares the table with an independent decode that keeps numbers as text.
+func checkHeaders(t *testing.T, headers []byte) {
+	msg, err := Message(&wal.Event{ID: "id1", Payload: []byte(`{}`), Headers: headers})
+	dec := json.NewDecoder(bytes.NewReader(headers))
+	dec.UseNumber()
+	var ref map[string]any
+	if !json.Valid(headers) || dec.Decode(&ref) != nil {
+		if err == nil && json.Valid(headers) {
+			t.Fatalf("headers %q that are not an object accepted", headers)
+		}
+		return
+	}
+	if _, end := dec.Token(); end != io.EOF {
+		t.Fatalf("json.Valid accepted trailing data in %q", headers)
+	}
+	if err != nil {
+		t.Fatalf("headers %q: %v", headers, err)
+	}
+	if err := msg.Headers.Validate(); err != nil {
+		t.Fatalf("headers %q: amqp091-go refuses the table: %v", headers, err)
+	}
+	if _, bad := tableSize(msg.Headers); bad != nil {
+		t.Fatalf("headers %q: %s", headers, bad.reason("headers"))
+	}
+	for k, want := range ref {
+		if k == HeaderCommitLSN || k == HeaderTxIndex {
+			continue // the relay's own
+		}
+		got, present := msg.Headers[k]
+		if want == nil {
+			if present {
+				t.Fatalf("headers %q: null member %q forwarded as %#v", headers, k, got)
+			}
+			continue
+		}
+		if !sameJSON(got, want) {
+			t.Fatalf("headers %q: %q = %#v, stored %#v", headers, k, got, want)
+		}
+	}
+}
+
+// sameJSON reports whether the AMQP value got carries exactly the decoded
+// JSON value want (numbers as json.Number text).
+func sameJSON(got, want any) bool {
+	switch w := want.(type) {
+	case json.Number:
+		text, ok := numberText(got)
+		return ok && text == string(w)
+	case map[string]any:
+		g, ok := got.(amqp.Table)
+		if !ok {
+			return false
+		}
+		n := 0
+		for k, e := range w {
+			if e == nil {
+				if _, present := g[k]; present {
+					return false
+				}
+				continue
+			}
+			n++
+			if !sameJSON(g[k], e) {
+				return false
+			}
+		}
+		return len(g) == n
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return false
+		}
+		for i := range w {
+			if !sameJSON(g[i], w[i]) {
+				return false
+			}
+		}
+		return true
+	default: // string, bool, nil (an array element)
+		return got == want
+	}
+}
