@@ -49,12 +49,6 @@ const (
 	// maxParked bounds the parked events waiting to be recorded; Park
 	// waits at the bound. Poison is rare: reaching it means recording fails.
 	maxParked = 1000
-	// unseenFor is how long a row that no flush can find is tried again
-	// before it counts as gone. The relay can receive a transaction an
-	// instant before its rows are visible to other sessions (longer while
-	// a synchronous standby lags); a row still missing after unseenFor is
-	// taken as deleted, and its event counts as done for the slot.
-	unseenFor = 10 * time.Second
 	// idleClose is how long the connection stays open without work.
 	idleClose = time.Minute
 	// exitFlush bounds the flush after Run's context ended.
@@ -63,9 +57,13 @@ const (
 
 // entry is an acknowledged event waiting for its row to be marked.
 type entry struct {
-	id     string
-	done   func()    // called once the row is marked or found gone
-	missed time.Time // when a flush first could not find the row; zero: never
+	id   string
+	xid  uint32 // its transaction; 0: unknown (a snapshot row), visible by then
+	done func() // called once the row is marked or found gone
+	// visible: a flush could not find the row although its transaction was
+	// already visible to new snapshots, so the next flush that cannot find
+	// it either knows it was deleted (see settleMarked).
+	visible bool
 }
 
 // parked is a poison event to record on its row.
@@ -119,13 +117,16 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
 }
 
 // Mark queues the row of an acknowledged event to be marked published_at;
-// done is called from Run once that is durable (or the row is gone). Mark
-// waits while MaxPending marks are queued, until there is room or ctx
+// done is called from Run once that is durable (or the row is gone). xid
+// is the event's transaction (0 when unknown): a row that cannot be found
+// while that transaction is not yet visible to other sessions (its commit
+// waits for a synchronous standby) is waited for, never counted as gone.
+// Mark waits while MaxPending marks are queued, until there is room or ctx
 // ends; it then returns ctx's error and done is never called.
-func (j *Janitor) Mark(ctx context.Context, id string, done func()) error {
+func (j *Janitor) Mark(ctx context.Context, id string, xid uint32, done func()) error {
 	full := false
 	err := j.enqueue(ctx, func() bool { return len(j.pending)+j.held < j.opts.MaxPending }, func() {
-		j.pending = append(j.pending, entry{id: id, done: done})
+		j.pending = append(j.pending, entry{id: id, xid: xid, done: done})
 		full = len(j.pending) >= j.opts.MarkBatch
 	})
 	if err == nil && full {

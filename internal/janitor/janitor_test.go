@@ -19,7 +19,7 @@ func newTest(batch int) *Janitor {
 
 func mustMark(t *testing.T, j *Janitor, id string, done func()) {
 	t.Helper()
-	if err := j.Mark(context.Background(), id, done); err != nil {
+	if err := j.Mark(context.Background(), id, 0, done); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -88,35 +88,46 @@ func TestParkQueue(t *testing.T) {
 	}
 }
 
-// TestSettleMarked: a found row's event is done at once; a missing row's
-// event is tried again until it has been missing for unseenFor, then it
-// counts as gone (done), never as marked before that.
+// TestSettleMarked: a found row's event is done at once. A missing row is
+// waited for while its transaction is not visible to new snapshots (a
+// commit held by a synchronous standby), however long; once its
+// transaction is visible it gets one more flush, and only a row that this
+// later flush cannot find either counts as gone. When asking failed,
+// nothing changes.
 func TestSettleMarked(t *testing.T) {
 	j := newTest(10)
 	var done []string
-	mk := func(id string, missed time.Time) entry {
-		return entry{id: id, missed: missed, done: func() { done = append(done, id) }}
+	mk := func(id string, xid uint32, visible bool) entry {
+		return entry{id: id, xid: xid, visible: visible, done: func() { done = append(done, id) }}
 	}
-	now := time.Now()
 	batch := []entry{
-		mk("found", time.Time{}),
-		mk("first-miss", time.Time{}),
-		mk("late-but-found", now.Add(-5*time.Second)),
-		mk("still-missing", now.Add(-unseenFor/2)),
-		mk("gone", now.Add(-unseenFor-time.Second)),
+		mk("found", 7, false),
+		mk("running", 8, false),
+		mk("now-visible", 9, false),
+		mk("snapshot-row", 0, false),
+		mk("found-late", 10, true),
+		mk("gone", 11, true),
 	}
-	again := j.settleMarked(batch, map[string]bool{"first-miss": true, "still-missing": true, "gone": true})
-	if got := ids(again); len(got) != 2 || got[0] != "first-miss" || got[1] != "still-missing" {
+	unseen := map[string]bool{"running": true, "now-visible": true, "snapshot-row": true, "gone": true}
+	again := j.settleMarked(batch, unseen, map[uint32]bool{8: true}, true)
+	if got := ids(again); len(got) != 3 || got[0] != "running" || got[1] != "now-visible" || got[2] != "snapshot-row" {
 		t.Fatalf("tried again: %v", got)
 	}
-	if again[0].missed.IsZero() {
-		t.Fatal("a first miss did not start the clock")
+	if again[0].visible || !again[1].visible || !again[2].visible {
+		t.Fatalf("visible after this flush: running %v, now-visible %v, snapshot-row %v; want false, true, true",
+			again[0].visible, again[1].visible, again[2].visible)
 	}
-	if len(done) != 3 || done[0] != "found" || done[1] != "late-but-found" || done[2] != "gone" {
+	if len(done) != 3 || done[0] != "found" || done[1] != "found-late" || done[2] != "gone" {
 		t.Fatalf("done: %v", done)
 	}
 	if n := value(j.metrics.gone); n != 1 {
 		t.Fatalf("gone counter %v", n)
+	}
+	// Asking failed: no row becomes visible, none is gone.
+	done = nil
+	again = j.settleMarked([]entry{mk("unknown", 12, false)}, map[string]bool{"unknown": true}, nil, false)
+	if len(again) != 1 || again[0].visible || len(done) != 0 {
+		t.Fatalf("after a failed question: again %v (visible %v), done %v", ids(again), again[0].visible, done)
 	}
 }
 
@@ -128,14 +139,14 @@ func TestMarkWaitsForRoom(t *testing.T) {
 	mustMark(t, j, "b", nop)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if err := j.Mark(ctx, "c", nop); !errors.Is(err, context.DeadlineExceeded) {
+	if err := j.Mark(ctx, "c", 0, nop); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Mark at the bound: %v, want it to wait until the context ends", err)
 	}
 	if j.Pending() != 2 {
 		t.Fatalf("pending %d after a refused Mark, want 2 (nothing dropped)", j.Pending())
 	}
 	entered := make(chan error, 1)
-	go func() { entered <- j.Mark(context.Background(), "c", nop) }()
+	go func() { entered <- j.Mark(context.Background(), "c", 0, nop) }()
 	select {
 	case err := <-entered:
 		t.Fatalf("Mark returned (%v) without room", err)

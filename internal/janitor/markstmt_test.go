@@ -173,3 +173,41 @@ func TestIntegrationMarkStatementIDNotUnique(t *testing.T) {
 		t.Fatalf("missing %v (%v), want none", unseen, err)
 	}
 }
+
+// TestIntegrationStillRunning: the question the janitor asks before it
+// counts an unseen row as gone, against a real server: a transaction that
+// is still open (as a commit waiting for a synchronous standby still is to
+// other sessions) is running; once it commits it is not, nor is a long
+// committed one.
+func TestIntegrationStillRunning(t *testing.T) {
+	ctx := context.Background()
+	j, db := markJanitor(t, `CREATE TABLE event_outbox (id text PRIMARY KEY, published_at timestamptz)`)
+	var old uint32
+	if err := db.QueryRow(ctx, `INSERT INTO event_outbox (id) VALUES ('old') RETURNING (pg_current_xact_id()::text::bigint % 4294967296)::bigint`).Scan(&old); err != nil {
+		t.Fatal(err)
+	}
+	open, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = open.Rollback(ctx) }()
+	var xid uint32
+	if err := open.QueryRow(ctx, `INSERT INTO event_outbox (id) VALUES ('late') RETURNING (pg_current_xact_id()::text::bigint % 4294967296)::bigint`).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	batch := []entry{{id: "old", xid: old}, {id: "late", xid: xid}, {id: "snapshot-row"}}
+	unseen := map[string]bool{"old": true, "late": true, "snapshot-row": true}
+	running, err := j.stillRunning(ctx, batch, unseen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !running[xid] || running[old] || len(running) != 1 {
+		t.Fatalf("running %v; want only the open transaction %d (not %d)", running, xid, old)
+	}
+	if err := open.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if running, err = j.stillRunning(ctx, batch, unseen); err != nil || len(running) != 0 {
+		t.Fatalf("running %v (%v) after the commit; want none", running, err)
+	}
+}

@@ -101,10 +101,49 @@ func (j *Janitor) flushMarks(ctx context.Context) error {
 			j.settle(len(batch), batch, nil)
 			return err
 		}
-		again := j.settleMarked(batch, unseen)
+		running, err := j.stillRunning(ctx, batch, unseen)
+		again := j.settleMarked(batch, unseen, running, err == nil)
 		later = append(later, again...)
 		j.settle(len(batch)-len(again), nil, nil)
+		if err != nil {
+			return err
+		}
 	}
+}
+
+// stillRunningSQL returns those of the given 32-bit transaction ids that
+// new snapshots do not see yet: still in the procarray, like a commit that
+// waits for a synchronous standby although logical decoding already sent
+// it. Each id is widened to the xid8 of the epoch just below the current
+// snapshot's xmax (a decoded transaction is recent). PostgreSQL 13+.
+const stillRunningSQL = `WITH c AS (SELECT s, pg_snapshot_xmax(s)::text::bigint AS xmax FROM pg_current_snapshot() AS s)
+SELECT coalesce(array_agg(x), '{}') FROM unnest($1::bigint[]) AS x, c
+WHERE NOT pg_visible_in_snapshot((c.xmax - ((c.xmax % 4294967296) - x + 4294967296) % 4294967296)::text::xid8, c.s)`
+
+// stillRunning asks which transactions of the batch's unseen rows are not
+// visible to new snapshots yet. Asked after the mark statement, so a
+// transaction visible now was perhaps not visible to that statement: its
+// row gets one more flush before it can count as gone (settleMarked).
+func (j *Janitor) stillRunning(ctx context.Context, batch []entry, unseen map[string]bool) (map[uint32]bool, error) {
+	var xids []int64
+	for _, e := range batch {
+		if unseen[e.id] && e.xid != 0 && !e.visible {
+			xids = append(xids, int64(e.xid))
+		}
+	}
+	if len(xids) == 0 {
+		return nil, nil
+	}
+	var running []int64
+	if err := j.db.QueryRow(ctx, stillRunningSQL, xids).Scan(&running); err != nil {
+		j.forgetStale(err)
+		return nil, fmt.Errorf("ask whether %d unseen rows' transactions are visible: %w", len(xids), err)
+	}
+	out := make(map[uint32]bool, len(running))
+	for _, x := range running {
+		out[uint32(x)] = true
+	}
+	return out, nil
 }
 
 // markBatch runs the mark statement and returns the ids whose rows it
@@ -133,27 +172,29 @@ func (j *Janitor) markBatch(ctx context.Context, batch []entry) (map[string]bool
 
 // settleMarked calls done for the entries whose rows are marked (the
 // UPDATE has committed: it ran outside any transaction) and for those
-// missing for unseenFor (gone); it returns the others, to try later.
-func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool) (again []entry) {
-	now := time.Now()
+// gone: not found by a flush that ran after their transaction was seen
+// visible to new snapshots. A row whose transaction is still running
+// (running, asked after this flush: known false when asking failed) is
+// waited for however long that takes; one whose transaction is visible now
+// gets one more flush, whose snapshot is newer. It returns the entries to
+// try later.
+func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool, running map[uint32]bool, known bool) (again []entry) {
 	gone := 0
 	for _, e := range batch {
 		switch {
 		case !unseen[e.id]:
 			e.done()
-		case e.missed.IsZero():
-			e.missed = now
-			again = append(again, e)
-		case now.Sub(e.missed) < unseenFor:
-			again = append(again, e)
-		default:
+		case e.visible:
 			gone++
 			e.done()
+		default:
+			e.visible = known && (e.xid == 0 || !running[e.xid])
+			again = append(again, e)
 		}
 	}
 	if gone > 0 {
 		j.metrics.gone.Add(float64(gone))
-		j.log.Info("acked events' rows not found; counted as deleted", "events", gone, "missing_for", unseenFor)
+		j.log.Info("acked events' rows not found although their transactions are visible; counted as deleted", "events", gone)
 	}
 	return again
 }

@@ -87,9 +87,9 @@ func stuckLink(t *testing.T, nodeURL string, heartbeat time.Duration) *Link {
 
 type discardAcks struct{}
 
-func (discardAcks) Ack(uint64, string, wal.Place)            {}
-func (discardAcks) Parked(uint64, string, wal.Place, string) {}
-func (discardAcks) Resumed(uint64, string, wal.Place)        {}
+func (discardAcks) Ack(Ref)            {}
+func (discardAcks) Parked(Ref, string) {}
+func (discardAcks) Resumed(Ref)        {}
 
 // startStuckPublisher runs a publisher on l with an endless supply of
 // 256 KiB events and returns once one of its publishes is blocked in the

@@ -48,7 +48,7 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 	switch {
 	case f.resumed:
 		p.Metrics.resumed.Inc()
-		p.acks.Resumed(f.seq, f.id, f.at)
+		p.acks.Resumed(f.ref())
 		p.Resume.unstall(f.at, p.Metrics)
 		return nil
 	case f.dc == nil: // parked without a dead-letter copy: already handed over
@@ -100,7 +100,7 @@ func (p *Publisher) settle(ctx context.Context, l *lane, f inflight) error {
 	if returned {
 		return p.unroutable(ctx, l, f, ret)
 	}
-	p.acks.Ack(f.seq, f.id, f.at)
+	p.acks.Ack(f.ref())
 	p.Resume.unstall(f.at, p.Metrics)
 	now := time.Now()
 	p.Metrics.confirmLatency.Observe(now.Sub(f.sent).Seconds())

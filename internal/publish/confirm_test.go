@@ -24,14 +24,16 @@ type recordingAcker struct {
 	acked []string
 }
 
-func (a *recordingAcker) Resumed(uint64, string, wal.Place) {}
+func (a *recordingAcker) Resumed(Ref) {}
 
-func (a *recordingAcker) Ack(_ uint64, id string, _ wal.Place) {
+func (a *recordingAcker) Ack(ev Ref) {
+	id := ev.ID
 	a.mu.Lock()
 	a.acked = append(a.acked, id)
 	a.mu.Unlock()
 }
-func (a *recordingAcker) Parked(_ uint64, id string, _ wal.Place, _ string) {
+func (a *recordingAcker) Parked(ev Ref, _ string) {
+	id := ev.ID
 	a.mu.Lock()
 	a.acked = append(a.acked, "parked:"+id)
 	a.mu.Unlock()

@@ -274,7 +274,8 @@ func (m *model) newSession() *session {
 // only reports what the broker confirmed.
 type modelAcker struct{ s *session }
 
-func (a modelAcker) Ack(seq uint64, id string, at wal.Place) {
+func (a modelAcker) Ack(ev Ref) {
+	seq, id, at := ev.Seq, ev.ID, ev.At
 	s := a.s
 	b := s.m.b
 	b.mu.Lock()
@@ -298,7 +299,8 @@ func (a modelAcker) Ack(seq uint64, id string, at wal.Place) {
 
 // Parked comes before the dead-letter copy is even sent: the row is
 // recorded whatever the broker does with the copy.
-func (a modelAcker) Parked(seq uint64, id string, at wal.Place, reason string) {
+func (a modelAcker) Parked(ev Ref, reason string) {
+	seq, id, at := ev.Seq, ev.ID, ev.At
 	s := a.s
 	b := s.m.b
 	b.mu.Lock()
@@ -319,7 +321,8 @@ func (a modelAcker) Parked(seq uint64, id string, at wal.Place, reason string) {
 
 // Resumed is an event skipped because an earlier session had it acked and
 // marked (or parked): it must be so.
-func (a modelAcker) Resumed(seq uint64, id string, at wal.Place) {
+func (a modelAcker) Resumed(ev Ref) {
+	seq, id, at := ev.Seq, ev.ID, ev.At
 	s := a.s
 	b := s.m.b
 	b.mu.Lock()

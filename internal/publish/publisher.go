@@ -29,12 +29,21 @@ var (
 // Acker learns the fate of each event: acknowledged by the broker, parked
 // as poison (recorded before any dead-letter copy, whose fate never holds
 // the event back), or resumed: acknowledged and marked in an earlier session
-// (Resume), so not published again. Each event's place in the stream comes
-// with it, for the next session's Resume.
+// (Resume), so not published again.
 type Acker interface {
-	Ack(seq uint64, id string, at wal.Place)
-	Parked(seq uint64, id string, at wal.Place, reason string)
-	Resumed(seq uint64, id string, at wal.Place)
+	Ack(ev Ref)
+	Parked(ev Ref, reason string)
+	Resumed(ev Ref)
+}
+
+// Ref names an event to its Acker: its sequence number in the session, its
+// id, its place in the stream (for the next session's Resume) and its
+// transaction's id (for the janitor: a row not yet visible is not gone).
+type Ref struct {
+	Seq uint64
+	ID  string
+	At  wal.Place
+	Xid uint32
 }
 
 // PublisherConfig is the publisher's configuration: the same for every
@@ -104,6 +113,9 @@ type Publisher struct {
 	lastSet bool
 }
 
+// ref names f's event to the Acker.
+func (f *inflight) ref() Ref { return Ref{Seq: f.seq, ID: f.id, At: f.at, Xid: f.xid} }
+
 // UnroutablePolicy is what a row the broker cannot route becomes.
 type UnroutablePolicy int
 
@@ -143,6 +155,7 @@ type inflight struct {
 	seq      uint64
 	id       string
 	at       wal.Place
+	xid      uint32
 	weight   int64
 	sent     time.Time
 	commit   time.Time
@@ -301,7 +314,7 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 		var f inflight
 		switch v {
 		case skipDone:
-			f = inflight{seq: ev.Seq, id: ev.ID, at: ev.Place(), resumed: true}
+			f = inflight{seq: ev.Seq, id: ev.ID, at: ev.Place(), xid: ev.Xid, resumed: true}
 		case skipUnverified:
 			p.Log.Warn("the stream does not hold the event an earlier session left off at; publishing everything again",
 				"event", LogID(ev.ID), "place", ev.Place())
@@ -346,7 +359,7 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 // alone, when not nil, makes it the lane's only message in flight (Resume's
 // careful mode): it is closed once the confirm is handled.
 func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event, alone chan struct{}) (inflight, error) {
-	f := inflight{seq: ev.Seq, id: ev.ID, at: ev.Place(), sent: time.Now(), commit: ev.CommitTime,
+	f := inflight{seq: ev.Seq, id: ev.ID, at: ev.Place(), xid: ev.Xid, sent: time.Now(), commit: ev.CommitTime,
 		exchange: p.Exchange, key: ev.RoutingKey, alone: alone, backfill: ev.Backfill}
 	if ev.Backfill { // not a commit time: kept out of commit-to-ack
 		f.commit = time.Time{}
@@ -458,19 +471,19 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 		"dead_letter_exchange", p.DeadLetterExchange)
 	defer p.Resume.unstall(f.at, p.Metrics)
 	if p.DeadLetterExchange == "" {
-		p.acks.Parked(f.seq, f.id, f.at, reason)
+		p.acks.Parked(f.ref(), reason)
 		return f, nil
 	}
 	if p.Resume.copyRefused(f.at) {
 		p.Log.Warn("poison event not dead-lettered: the broker refused its copy in an earlier session", "event", LogID(ev.ID))
-		p.acks.Parked(f.seq, f.id, f.at, reason)
+		p.acks.Parked(f.ref(), reason)
 		return f, nil
 	}
 	dc, key, err := p.sendCopy(ctx, l, ev, f, reason)
 	if err != nil {
 		return f, err
 	}
-	p.acks.Parked(f.seq, f.id, f.at, reason)
+	p.acks.Parked(f.ref(), reason)
 	if dc != nil {
 		p.Metrics.inFlight.Inc()
 		f.dc, f.copyOf, f.exchange, f.key, f.rowExchange = dc, true, p.DeadLetterExchange, key, false

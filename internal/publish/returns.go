@@ -134,19 +134,19 @@ func (p *Publisher) parkLate(ctx context.Context, l *lane, f inflight, reason st
 		"dead_letter_exchange", p.DeadLetterExchange)
 	defer p.Resume.unstall(f.at, p.Metrics)
 	if p.DeadLetterExchange == "" || f.ev == nil || p.Resume.copyRefused(f.at) {
-		p.acks.Parked(f.seq, f.id, f.at, reason)
+		p.acks.Parked(f.ref(), reason)
 		return nil
 	}
 	dc, key, err := p.sendCopy(ctx, l, f.ev, f, reason)
 	if err != nil {
 		return err
 	}
-	p.acks.Parked(f.seq, f.id, f.at, reason)
+	p.acks.Parked(f.ref(), reason)
 	if dc == nil {
 		return nil
 	}
 	p.Metrics.inFlight.Inc()
-	return p.await(ctx, l, inflight{dc: dc, seq: f.seq, id: f.id, at: f.at, copyOf: true,
+	return p.await(ctx, l, inflight{dc: dc, seq: f.seq, id: f.id, at: f.at, xid: f.xid, copyOf: true,
 		exchange: p.DeadLetterExchange, key: key, alone: f.alone, sent: f.sent})
 }
 

@@ -16,9 +16,9 @@ import (
 
 type spreadTestAcker struct{}
 
-func (spreadTestAcker) Ack(uint64, string, wal.Place)            {}
-func (spreadTestAcker) Parked(uint64, string, wal.Place, string) {}
-func (spreadTestAcker) Resumed(uint64, string, wal.Place)        {}
+func (spreadTestAcker) Ack(Ref)            {}
+func (spreadTestAcker) Parked(Ref, string) {}
+func (spreadTestAcker) Resumed(Ref)        {}
 
 // A failed session must end even when no new event arrives: the relay
 // restarts both sides only once Run returns. With several channels the

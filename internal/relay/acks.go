@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
@@ -29,37 +30,37 @@ func newAcks(ctx context.Context, watermark *slot.Watermark, outcomes Outcomes) 
 	return acks{ctx: ctx, watermark: watermark, outcomes: outcomes, open: new(atomic.Int64)}
 }
 
-func (a acks) Ack(seq uint64, id string, at wal.Place) {
-	a.hand(seq, at, id, func(done func()) error { return a.outcomes.Mark(a.ctx, id, done) })
+func (a acks) Ack(ev publish.Ref) {
+	a.hand(ev, func(done func()) error { return a.outcomes.Mark(a.ctx, ev.ID, ev.Xid, done) })
 }
 
 // Parked moves the watermark past a poison event once it is recorded on
 // its row (or recording proved impossible): never published as is.
-func (a acks) Parked(seq uint64, id string, at wal.Place, reason string) {
-	a.hand(seq, at, id, func(done func()) error { return a.outcomes.Park(a.ctx, id, reason, done) })
+func (a acks) Parked(ev publish.Ref, reason string) {
+	a.hand(ev, func(done func()) error { return a.outcomes.Park(a.ctx, ev.ID, reason, done) })
 }
 
 // Resumed moves the watermark past an event an earlier session had acked
 // and marked (publish.Resume): its row needs nothing more.
-func (a acks) Resumed(seq uint64, id string, at wal.Place) {
+func (a acks) Resumed(ev publish.Ref) {
 	if a.count != nil {
 		a.count.Inc()
 	}
-	a.watermark.AckAt(seq, at, id)
+	a.watermark.AckAt(ev.Seq, ev.At, ev.ID)
 }
 
 // hand gives event seq to outcomes through give, whose done callback
 // acks the watermark; without outcomes the watermark is acked at once.
-func (a acks) hand(seq uint64, at wal.Place, id string, give func(done func()) error) {
+func (a acks) hand(ev publish.Ref, give func(done func()) error) {
 	if a.count != nil {
 		a.count.Inc()
 	}
 	if a.outcomes == nil {
-		a.watermark.AckAt(seq, at, id)
+		a.watermark.AckAt(ev.Seq, ev.At, ev.ID)
 		return
 	}
 	a.open.Add(1)
-	if give(a.done(seq, at, id)) != nil {
+	if give(a.done(ev.Seq, ev.At, ev.ID)) != nil {
 		a.open.Add(-1) // the session is ending; the slot stays before this event
 	}
 }

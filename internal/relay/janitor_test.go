@@ -248,6 +248,60 @@ func TestIntegrationRetention(t *testing.T) {
 	}
 }
 
+// TestIntegrationSyncStandbyStalledRowsNeverGone: commits held by a
+// synchronous standby that does not answer for longer than the old 10 s
+// grace (synchronous_standby_names names a standby that is not there, the
+// state a stopped standby leaves): the rows are delivered at once but not
+// visible to other sessions; the janitor asks PostgreSQL whether their
+// transactions are visible yet and waits, so none is counted gone, and
+// every row ends marked once the commits return. The old janitor counted
+// them gone after 10 s, and the slot passed rows never marked.
+func TestIntegrationSyncStandbyStalledRowsNeverGone(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
+	r.waitStreaming(t)
+	ctx := context.Background()
+	setSync := func(v string) {
+		t.Helper()
+		if _, err := e.db.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+v+`'`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.db.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setSync("stopped_standby")
+	t.Cleanup(func() { setSync("") })
+	const n = 20
+	inserted := make(chan error, n)
+	for range n {
+		db := e.connect()
+		go func() {
+			_, err := db.Exec(ctx, `INSERT INTO event_outbox (routing_key, payload) VALUES ('held', '{"event_type":"TestEvent"}')`)
+			inserted <- err
+		}()
+	}
+	testenv.WaitCount(t, e.consumer, n, 30*time.Second) // decoded and published while the commits wait
+	time.Sleep(12 * time.Second)                        // longer than the old janitor's grace
+	if got := gauge(t, r.reg, "cdcrelay_janitor_rows_gone_total"); got != 0 {
+		t.Fatalf("%v rows counted gone while their commits waited for the standby", got)
+	}
+	setSync("")
+	for range n {
+		if err := <-inserted; err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rows []row
+	for _, d := range e.consumer.Deliveries() {
+		rows = append(rows, row{id: d.MessageID})
+	}
+	waitMarked(t, e, rows, 10*time.Second)
+	if got := gauge(t, r.reg, "cdcrelay_janitor_rows_gone_total"); got != 0 {
+		t.Fatalf("%v rows counted gone", got)
+	}
+}
+
 // TestIntegrationJanitorMarksRowsSeenLate: the relay can receive and
 // publish a transaction before its rows are visible to other sessions
 // (here: a commit held back by synchronous replication). The janitor's

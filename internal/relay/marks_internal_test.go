@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
@@ -21,7 +22,7 @@ type marksFakeMarker struct {
 	refuse  error
 }
 
-func (f *marksFakeMarker) Mark(_ context.Context, _ string, done func()) error {
+func (f *marksFakeMarker) Mark(_ context.Context, _ string, _ uint32, done func()) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.refuse != nil {
@@ -32,7 +33,7 @@ func (f *marksFakeMarker) Mark(_ context.Context, _ string, done func()) error {
 }
 
 func (f *marksFakeMarker) Park(ctx context.Context, id, _ string, done func()) error {
-	return f.Mark(ctx, id, done)
+	return f.Mark(ctx, id, 0, done)
 }
 
 func (f *marksFakeMarker) Flush() {
@@ -65,8 +66,8 @@ func TestAcksWaitForMarks(t *testing.T) {
 	w, s0, s1 := marksOneTxn()
 	m := &marksFakeMarker{}
 	a := newAcks(context.Background(), w, m)
-	a.Ack(s0, "a", wal.Place{CommitLSN: 150, Index: int(s0)})
-	a.Parked(s1, "b", wal.Place{CommitLSN: 150, Index: int(s1)}, "poison")
+	a.Ack(publish.Ref{Seq: s0, ID: "a", At: wal.Place{CommitLSN: 150, Index: int(s0)}})
+	a.Parked(publish.Ref{Seq: s1, ID: "b", At: wal.Place{CommitLSN: 150, Index: int(s1)}}, "poison")
 	if got := w.Position(); got != 100 {
 		t.Fatalf("position %s before any mark was written", got)
 	}
@@ -89,8 +90,8 @@ func TestAcksWaitForMarks(t *testing.T) {
 func TestAcksWithoutMarker(t *testing.T) {
 	w, s0, s1 := marksOneTxn()
 	a := newAcks(context.Background(), w, nil)
-	a.Ack(s0, "a", wal.Place{CommitLSN: 150, Index: int(s0)})
-	a.Parked(s1, "b", wal.Place{CommitLSN: 150, Index: int(s1)}, "poison")
+	a.Ack(publish.Ref{Seq: s0, ID: "a", At: wal.Place{CommitLSN: 150, Index: int(s0)}})
+	a.Parked(publish.Ref{Seq: s1, ID: "b", At: wal.Place{CommitLSN: 150, Index: int(s1)}}, "poison")
 	if got := w.Position(); got != 200 {
 		t.Fatalf("position %s", got)
 	}
@@ -101,7 +102,7 @@ func TestAcksWithoutMarker(t *testing.T) {
 func TestAcksRefusedMark(t *testing.T) {
 	w, s0, _ := marksOneTxn()
 	a := newAcks(context.Background(), w, &marksFakeMarker{refuse: context.Canceled})
-	a.Ack(s0, "a", wal.Place{CommitLSN: 150, Index: int(s0)})
+	a.Ack(publish.Ref{Seq: s0, ID: "a", At: wal.Place{CommitLSN: 150, Index: int(s0)}})
 	if w.Position() != 100 || a.open.Load() != 0 {
 		t.Fatalf("position %s, %d open", w.Position(), a.open.Load())
 	}
@@ -112,9 +113,9 @@ func TestAcksRefusedMark(t *testing.T) {
 func TestAcksLateCallbackOfEndedSession(t *testing.T) {
 	old, s0, _ := marksOneTxn()
 	m := &marksFakeMarker{}
-	newAcks(context.Background(), old, m).Ack(s0, "a", wal.Place{CommitLSN: 150, Index: int(s0)})
+	newAcks(context.Background(), old, m).Ack(publish.Ref{Seq: s0, ID: "a", At: wal.Place{CommitLSN: 150, Index: int(s0)}})
 	next, n0, _ := marksOneTxn() // the next session starts at the slot's position again
-	newAcks(context.Background(), next, m).Ack(n0, "a", wal.Place{CommitLSN: 150, Index: int(n0)})
+	newAcks(context.Background(), next, m).Ack(publish.Ref{Seq: n0, ID: "a", At: wal.Place{CommitLSN: 150, Index: int(n0)}})
 	m.done(0) // the old session's mark, written late
 	if got := next.Position(); got != 100 {
 		t.Fatalf("a late callback of an ended session moved the new watermark to %s", got)
@@ -127,7 +128,7 @@ func TestAcksSettled(t *testing.T) {
 	w, s0, _ := marksOneTxn()
 	m := &marksFakeMarker{}
 	a := newAcks(context.Background(), w, m)
-	a.Ack(s0, "a", wal.Place{CommitLSN: 150, Index: int(s0)})
+	a.Ack(publish.Ref{Seq: s0, ID: "a", At: wal.Place{CommitLSN: 150, Index: int(s0)}})
 	drained := make(chan struct{})
 	settled := a.settled(context.Background(), drained)
 	close(drained)
@@ -150,7 +151,7 @@ func TestAcksSettled(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := newAcks(ctx, w, m)
-	b.Ack(s0, "again", wal.Place{CommitLSN: 150, Index: int(s0)})
+	b.Ack(publish.Ref{Seq: s0, ID: "again", At: wal.Place{CommitLSN: 150, Index: int(s0)}})
 	go cancel()
 	b.wait(ctx)
 	if !errors.Is(ctx.Err(), context.Canceled) {

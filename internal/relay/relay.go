@@ -31,7 +31,7 @@ const eventBuffer = 256
 // (back-pressure on the confirm loop); then done is never called. Flush
 // asks for the queued work to be written now.
 type Outcomes interface {
-	Mark(ctx context.Context, id string, done func()) error
+	Mark(ctx context.Context, id string, xid uint32, done func()) error
 	Park(ctx context.Context, id, reason string, done func()) error
 	Flush()
 }

@@ -142,7 +142,7 @@ func startMarking(t *testing.T, url string) *marking {
 				return
 			}
 			start := time.Now()
-			if err := j.Mark(ctx, id, func() {}); err != nil {
+			if err := j.Mark(ctx, id, 0, func() {}); err != nil {
 				return
 			}
 			for ctx.Err() == nil {

@@ -52,6 +52,10 @@ type Event struct {
 	CommitLSN  pglogrepl.LSN
 	CommitTime time.Time
 	Index      int    // position of the event among the outbox rows of its transaction
+	// Xid is the event's transaction id (pgoutput's Begin), 0 for a row
+	// read from a snapshot: the janitor asks whether that transaction is
+	// visible yet before it counts an unseen row as gone.
+	Xid uint32
 	Seq        uint64 // position in the session's stream, assigned by the watermark tracker
 	// PayloadIsJSON is set when the payload column is json or jsonb, whose
 	// values PostgreSQL has already validated.
@@ -257,7 +261,7 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	if len(m.Tuple) != rel.columns {
 		return Step{}, fmt.Errorf("%w: row has %d columns, relation has %d", ErrSchema, len(m.Tuple), rel.columns)
 	}
-	ev := Event{CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, Index: d.index, PayloadIsJSON: rel.payloadIsJSON}
+	ev := Event{CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, Index: d.index, Xid: d.begin.Xid, PayloadIsJSON: rel.payloadIsJSON}
 	var err error
 	// Without an id the row cannot even be parked: stop.
 	if ev.ID, err = d.text(m.Tuple, rel.id, d.mapping.ID); err != nil {
