@@ -51,12 +51,12 @@ type Event struct {
 	Type       string
 	CommitLSN  pglogrepl.LSN
 	CommitTime time.Time
-	Index      int    // position of the event among the outbox rows of its transaction
+	Index      int // position of the event among the outbox rows of its transaction
 	// Xid is the event's transaction id (pgoutput's Begin), 0 for a row
 	// read from a snapshot: the janitor asks whether that transaction is
 	// visible yet before it counts an unseen row as gone.
 	Xid uint32
-	Seq        uint64 // position in the session's stream, assigned by the watermark tracker
+	Seq uint64 // position in the session's stream, assigned by the watermark tracker
 	// PayloadIsJSON is set when the payload column is json or jsonb, whose
 	// values PostgreSQL has already validated.
 	PayloadIsJSON bool
