@@ -227,6 +227,7 @@ type pubFacts struct {
 	rowFilter                        string   // PostgreSQL 15+: the table's row filter
 	columns                          []string // PostgreSQL 15+: published columns; nil when unknown
 	canCreate                        bool     // the role owns the table and may CREATE in the database
+	genColsStored                    bool     // PostgreSQL 18: publish_generated_columns = stored
 }
 
 func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {

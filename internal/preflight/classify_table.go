@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // This file classifies the outbox table and its columns; like classify.go
@@ -24,6 +25,9 @@ type tableFacts struct {
 	kind    string
 	owner   string
 	columns []column
+	// generated maps each generated column to its pg_attribute.attgenerated:
+	// "s" stored, "v" virtual (PostgreSQL 18).
+	generated map[string]string
 }
 
 func (tf tableFacts) column(name string) (column, bool) {
@@ -148,6 +152,25 @@ func classifyColumn(t target, tf tableFacts, name string, r columnRule) Finding 
 		f.Remedy = fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s SET NOT NULL;", t.qualified(), quoteIdent(name))
 	}
 	return f
+}
+
+// classifyGenerated refuses a mapped column that is generated: pgoutput
+// leaves it out of every row (before PostgreSQL 18 always; 18 sends stored
+// ones only with publish_generated_columns = stored), so the relay would
+// publish the backlog from the table and then stop at the first streamed
+// row, or send every event without an optional column. The relay refuses
+// it at start for the same reason (slot.CheckGenerated).
+func classifyGenerated(t target, tf tableFacts, p pubFacts) []Finding {
+	var fs []Finding
+	for _, name := range []string{t.id, t.key, t.payload, t.headers, t.exch, t.msgType} {
+		kind := tf.generated[name]
+		if name == "" || kind == "" || (kind == "s" && p.genColsStored) {
+			continue
+		}
+		reason, remedy := slot.GeneratedReason(t.publication, slot.Relation{Schema: t.schema, Name: t.table}, slot.Generated{Name: name, Kind: kind})
+		fs = append(fs, Finding{Check: checkMapping, Severity: Error, Message: reason + "; the relay refuses to start", Remedy: remedy})
+	}
+	return fs
 }
 
 // nullFate says what the decoder (internal/wal) does with a row whose

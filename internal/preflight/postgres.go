@@ -96,6 +96,7 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 		fs = append(fs, failed(checkPublication, "read publication "+t.publication, err))
 	} else {
 		fs = append(fs, classifyPublication(t, tf, pub)...)
+		fs = append(fs, classifyGenerated(t, tf, pub)...)
 	}
 	sl, err := s.slot(ctx)
 	if err != nil {
@@ -279,7 +280,7 @@ func (s *session) table(ctx context.Context, r *roleFacts) (tableFacts, Finding)
 	s.canCreatePublication = owns && createDB
 	rows, err := s.db.Query(ctx, `
 		SELECT a.attname, format_type(a.atttypid, a.atttypmod), coalesce(bt.typname, t.typname)::text, a.attnotnull,
-		       has_column_privilege(a.attrelid, a.attnum, 'UPDATE')
+		       has_column_privilege(a.attrelid, a.attnum, 'UPDATE'), a.attgenerated::text
 		FROM pg_attribute a
 		JOIN pg_type t ON t.oid = a.atttypid
 		LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
@@ -291,7 +292,8 @@ func (s *session) table(ctx context.Context, r *roleFacts) (tableFacts, Finding)
 	for rows.Next() {
 		var c column
 		var update bool
-		if err := rows.Scan(&c.name, &c.typ, &c.base, &c.notNull, &update); err != nil {
+		var generated string
+		if err := rows.Scan(&c.name, &c.typ, &c.base, &c.notNull, &update, &generated); err != nil {
 			rows.Close()
 			return tf, failed(checkTable, "read the columns of "+s.t.qualified(), err)
 		}
@@ -304,6 +306,12 @@ func (s *session) table(ctx context.Context, r *roleFacts) (tableFacts, Finding)
 			}
 		}
 		tf.columns = append(tf.columns, c)
+		if generated != "" {
+			if tf.generated == nil {
+				tf.generated = map[string]string{}
+			}
+			tf.generated[c.name] = generated
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return tf, failed(checkTable, "read the columns of "+s.t.qualified(), err)
@@ -324,16 +332,18 @@ func (s *session) publication(ctx context.Context) (pubFacts, error) {
 		return p, err
 	}
 	var row struct {
-		AllTables bool  `json:"puballtables"`
-		Insert    bool  `json:"pubinsert"`
-		Update    bool  `json:"pubupdate"`
-		Delete    bool  `json:"pubdelete"`
-		Truncate  bool  `json:"pubtruncate"`
-		ViaRoot   *bool `json:"pubviaroot"`
+		AllTables bool   `json:"puballtables"`
+		Insert    bool   `json:"pubinsert"`
+		Update    bool   `json:"pubupdate"`
+		Delete    bool   `json:"pubdelete"`
+		Truncate  bool   `json:"pubtruncate"`
+		ViaRoot   *bool  `json:"pubviaroot"`
+		GenCols   string `json:"pubgencols"` // PostgreSQL 18: "s" stored, "n" none
 	}
 	if err := json.Unmarshal(raw, &row); err != nil {
 		return p, fmt.Errorf("decode pg_publication row: %w", err)
 	}
+	p.genColsStored = row.GenCols == "s"
 	p.exists, p.allTables = true, row.AllTables
 	p.insert, p.update, p.delete, p.truncate = row.Insert, row.Update, row.Delete, row.Truncate
 	p.viaRoot = row.ViaRoot != nil && *row.ViaRoot

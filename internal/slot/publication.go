@@ -32,6 +32,9 @@ type PublicationFacts struct {
 	AllTables bool // FOR ALL TABLES
 	Insert    bool // publish includes insert
 	ViaRoot   bool // publish_via_partition_root
+	// GenColsStored is publish_generated_columns = stored (PostgreSQL
+	// 18): stored generated columns are sent like the others.
+	GenColsStored bool
 	// Tables are the relations whose changes pgoutput sends, under the OID
 	// and name it sends them with (pg_publication_tables): a partitioned
 	// table's root with publish_via_partition_root, its partitions without.
@@ -67,15 +70,17 @@ func ReadPublication(ctx context.Context, db *pgx.Conn, name string) (Publicatio
 		return p, fmt.Errorf("look up publication %s: %w", name, err)
 	}
 	var row struct {
-		AllTables bool  `json:"puballtables"`
-		Insert    bool  `json:"pubinsert"`
-		ViaRoot   *bool `json:"pubviaroot"`
+		AllTables bool   `json:"puballtables"`
+		Insert    bool   `json:"pubinsert"`
+		ViaRoot   *bool  `json:"pubviaroot"`
+		GenCols   string `json:"pubgencols"` // PostgreSQL 18: "s" stored, "n" none
 	}
 	if err := json.Unmarshal(raw, &row); err != nil {
 		return p, fmt.Errorf("decode pg_publication row: %w", err)
 	}
 	p.Exists, p.AllTables, p.Insert = true, row.AllTables, row.Insert
 	p.ViaRoot = row.ViaRoot != nil && *row.ViaRoot
+	p.GenColsStored = row.GenCols == "s"
 	rows, err := db.Query(ctx, `
 		SELECT c.oid, pt.schemaname::text, pt.tablename::text, c.relkind::text
 		FROM pg_publication_tables pt
@@ -147,9 +152,11 @@ func CheckPublication(pub string, table Relation, found bool, p PublicationFacts
 }
 
 // VerifyPublication checks at session start that the publication carries
-// exactly the configured table's inserts (CheckPublication) and returns
-// the table, whose OID the decoder maps the outbox by.
-func VerifyPublication(ctx context.Context, db *pgx.Conn, t Target) (Relation, error) {
+// exactly the configured table's inserts (CheckPublication) and, for each
+// of mapped (the configured column names; empty ones are skipped), that
+// pgoutput sends it at all (CheckGenerated), and returns the table, whose
+// OID the decoder maps the outbox by.
+func VerifyPublication(ctx context.Context, db *pgx.Conn, t Target, mapped ...string) (Relation, error) {
 	table, found, err := ResolveTable(ctx, db, t)
 	if err != nil {
 		return table, err
@@ -158,7 +165,74 @@ func VerifyPublication(ctx context.Context, db *pgx.Conn, t Target) (Relation, e
 	if err != nil {
 		return table, err
 	}
-	return table, CheckPublication(t.Publication, table, found, p)
+	if err := CheckPublication(t.Publication, table, found, p); err != nil {
+		return table, err
+	}
+	gen, err := ReadGenerated(ctx, db, table, mapped)
+	if err != nil {
+		return table, err
+	}
+	return table, CheckGenerated(t.Publication, table, p, gen)
+}
+
+// Generated is a generated column of the outbox table, as pg_attribute
+// says: Kind is attgenerated ("s" stored, "v" virtual, PostgreSQL 18).
+type Generated struct {
+	Name, Kind string
+}
+
+// ReadGenerated returns those of columns that are generated columns of
+// table, in the table's column order.
+func ReadGenerated(ctx context.Context, db *pgx.Conn, table Relation, columns []string) ([]Generated, error) {
+	rows, err := db.Query(ctx, `
+		SELECT attname::text, attgenerated::text FROM pg_attribute
+		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated <> '' AND attname = ANY($2)
+		ORDER BY attnum`, table.OID, columns)
+	if err != nil {
+		return nil, fmt.Errorf("read the generated columns of %s: %w", table.Qualified(), err)
+	}
+	gen, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Generated, error) {
+		var g Generated
+		err := r.Scan(&g.Name, &g.Kind)
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the generated columns of %s: %w", table.Qualified(), err)
+	}
+	return gen, nil
+}
+
+// CheckGenerated refuses a mapped column that pgoutput leaves out of the
+// stream: a generated column, which PostgreSQL before 18 never publishes
+// and 18 publishes only when stored and the publication says
+// publish_generated_columns = stored. Refused at start, before any
+// backlog is published: otherwise the snapshot backfill (which reads the
+// table) publishes the backlog and the stream then stops at its first row
+// for want of the column, or, for an optional column (headers, exchange,
+// type), silently sends every event without it.
+func CheckGenerated(pub string, table Relation, p PublicationFacts, gen []Generated) error {
+	for _, g := range gen {
+		if g.Kind == "s" && p.GenColsStored {
+			continue
+		}
+		reason, remedy := GeneratedReason(pub, table, g)
+		return fmt.Errorf("%w: %s; %s", ErrPublication, reason, remedy)
+	}
+	return nil
+}
+
+// GeneratedReason says why generated column g never reaches the relay
+// through publication pub, and what to do. cdcrelay check says the same.
+func GeneratedReason(pub string, table Relation, g Generated) (reason, remedy string) {
+	col := pgx.Identifier{g.Name}.Sanitize()
+	remedy = "make it a plain column filled by the application or a BEFORE INSERT trigger, or point the CDCRELAY_*_COLUMN setting at another column"
+	if g.Kind == "v" {
+		return fmt.Sprintf("column %s of %s is GENERATED ALWAYS AS (…) VIRTUAL: logical replication never publishes virtual generated columns, so every row would reach the relay without it",
+			col, table.Qualified()), remedy
+	}
+	return fmt.Sprintf("column %s of %s is GENERATED ALWAYS AS (…) STORED: PostgreSQL before 18 does not publish generated columns (18 does only with publish_generated_columns = stored), so every row would reach the relay without it",
+			col, table.Qualified()),
+		remedy + fmt.Sprintf("; on PostgreSQL 18: ALTER PUBLICATION %s SET (publish_generated_columns = stored)", pgx.Identifier{pub}.Sanitize())
 }
 
 // createPublicationSQL is the statement that creates the publication for

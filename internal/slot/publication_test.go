@@ -73,3 +73,38 @@ func TestPublicationNamesArg(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckGenerated(t *testing.T) {
+	outbox := Relation{OID: 100, Schema: "public", Name: "event_outbox", Kind: "r"}
+	plain := PublicationFacts{Exists: true, Insert: true, Tables: []Relation{outbox}}
+	stored := plain
+	stored.GenColsStored = true
+	key := Generated{Name: "routing_key", Kind: "s"}
+	virtual := Generated{Name: "routing_key", Kind: "v"}
+	tests := []struct {
+		name string
+		p    PublicationFacts
+		gen  []Generated
+		want string // "" for no error
+	}{
+		{"none generated", plain, nil, ""},
+		{"stored, before 18", plain, []Generated{key}, `column "routing_key" of "public"."event_outbox" is GENERATED ALWAYS AS (…) STORED: PostgreSQL before 18 does not publish generated columns`},
+		{"stored, remedy", plain, []Generated{key}, "make it a plain column filled by the application or a BEFORE INSERT trigger"},
+		{"stored, publish_generated_columns = stored", stored, []Generated{key}, ""},
+		{"virtual, never published", stored, []Generated{virtual}, "VIRTUAL: logical replication never publishes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckGenerated("cdcrelay_outbox", outbox, tt.p, tt.gen)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrPublication) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v; want ErrPublication with %q", err, tt.want)
+			}
+		})
+	}
+}
