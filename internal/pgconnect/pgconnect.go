@@ -22,7 +22,8 @@ const ApplicationName = "cdcrelay"
 var errParse = errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
 
 // Config parses url for a pgx connection. application_name (ApplicationName)
-// and each of params are set unless the URL sets them.
+// and each of params are set unless the URL sets them; client_encoding is
+// always UTF8.
 func Config(url string, params map[string]string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
@@ -47,6 +48,13 @@ func setDefaults(rt, params map[string]string) {
 	if _, set := rt["application_name"]; !set {
 		rt["application_name"] = ApplicationName
 	}
+	// Always UTF8, whatever the URL says: the server (and pgoutput on the
+	// replication connection) converts text to the client encoding, which
+	// defaults to the database's, so in a LATIN1 database the stream would
+	// carry LATIN1 bodies and routing keys, and header strings would not be
+	// valid JSON text. With UTF8 both paths read the same UTF-8 bytes
+	// (docs/messages.md, "Encodings").
+	rt["client_encoding"] = "UTF8"
 	for k, v := range params {
 		if _, set := rt[k]; !set {
 			rt[k] = v

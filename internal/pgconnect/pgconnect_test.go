@@ -32,6 +32,25 @@ func TestConfigDefaults(t *testing.T) {
 	}
 }
 
+// TestConfigClientEncoding: every connection talks UTF-8, even when the URL
+// asks for another encoding, so both paths read the same bytes in any
+// database encoding (docs/messages.md, "Encodings").
+func TestConfigClientEncoding(t *testing.T) {
+	for _, url := range []string{"postgres://u@db/app", "postgres://u@db/app?client_encoding=LATIN1"} {
+		cfg, err := Config(url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		repl, err := ReplicationConfig(url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.RuntimeParams["client_encoding"] != "UTF8" || repl.RuntimeParams["client_encoding"] != "UTF8" {
+			t.Errorf("%s: client_encoding %q, replication %q", url, cfg.RuntimeParams["client_encoding"], repl.RuntimeParams["client_encoding"])
+		}
+	}
+}
+
 // TestConfigHidesTheURL: a malformed URL is reported without quoting it,
 // since it may hold a password.
 func TestConfigHidesTheURL(t *testing.T) {
