@@ -226,7 +226,10 @@ func backfillQuery(ctx context.Context, db *pgx.Conn, m wal.Mapping) (string, er
 // rendering; r renders each column as text once (i(d), k(ey), p(ayload),
 // h(eaders), e(xchange), t(ype)); v adds n, their total length. Each
 // OFFSET 0 keeps the planner from inlining a level, which would render a
-// jsonb payload again for every use of its length.
+// jsonb payload again for every use of its length. Every value comes as
+// text in the connection's client_encoding, UTF8 on every relay connection
+// (pgconnect), which is also what pgoutput converts the stream to: both
+// paths carry the same bytes whatever the database encoding.
 func backfillSQL(table string, m wal.Mapping, has map[string]bool) string {
 	inner, outer, enqueued := "cdcrelay_id", "o.cdcrelay_id", "NULL::timestamptz"
 	if has["enqueued_at"] {
@@ -253,7 +256,7 @@ FROM (SELECT *, %s::text AS cdcrelay_id FROM %s WHERE published_at IS NULL ORDER
 CROSS JOIN LATERAL (SELECT r.*, (%s)::bigint AS n FROM (SELECT %s OFFSET 0) r OFFSET 0) v
 ORDER BY %s`,
 		unless("octet_length(v.p)::bigint"), unless("v.n"),
-		when("v.k"), when("convert_to(v.p, 'UTF8')"), when("v.h"), when("v.e"), when("v.t"), enqueued,
+		when("v.k"), when("v.p"), when("v.h"), when("v.e"), when("v.t"), enqueued,
 		pgx.Identifier{m.ID}.Sanitize(), table, inner,
 		strings.Join(sizes, " + "), strings.Join(rendered, ", "), outer)
 }
