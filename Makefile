@@ -68,6 +68,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzIdent$$' -fuzztime $(call fuzzfor,100000x) ./internal/config/
 	$(GO) test -run '^$$' -fuzz '^FuzzRedact$$' -fuzztime $(call fuzzfor,120000x) ./internal/config/
 	$(GO) test -run '^$$' -fuzz '^FuzzEnvelope$$' -fuzztime $(call fuzzfor,100000x) ./internal/publish/
+	$(GO) test -run '^$$' -fuzz '^FuzzHeaderValues$$' -fuzztime $(call fuzzfor,100000x) ./internal/publish/
 	$(GO) test -run '^$$' -fuzz '^FuzzPipeline$$' -fuzztime $(call fuzzfor,400x) ./internal/publish/
 
 chart-test:
