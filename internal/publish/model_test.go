@@ -275,72 +275,71 @@ func (m *model) newSession() *session {
 type modelAcker struct{ s *session }
 
 func (a modelAcker) Ack(ev Ref) {
-	seq, id, at := ev.Seq, ev.ID, ev.At
-	s := a.s
-	b := s.m.b
-	b.mu.Lock()
-	switch e := s.m.events[id]; {
-	case s.seqID[seq] != id:
-		b.problem("Ack(%d, %s): seq %d is event %q", seq, id, seq, s.seqID[seq])
-	case s.acked[seq]:
-		b.problem("Ack(%d, %s) twice", seq, id)
-	case e == nil || e.poison:
-		b.problem("Ack(%d, %s) for a poison event", seq, id)
-	case !b.sessionAcked[id]:
-		b.problem("Ack(%d, %s) but the broker did not ack it in this session", seq, id)
-	case e.ev.Place() != at:
-		b.problem("Ack(%d, %s) at %s, the event is at %s", seq, id, at, e.ev.Place())
-	}
-	s.acked[seq] = true
-	s.m.marked[id] = true // the janitor sets published_at
-	b.mu.Unlock()
-	s.w.AckAt(seq, at, id)
+	a.settle("Ack", ev, func(e *modelEvent) string {
+		switch {
+		case e.poison:
+			return "for a poison event"
+		case !a.s.m.b.sessionAcked[ev.ID]:
+			return "but the broker did not ack it in this session"
+		}
+		return ""
+	}, func() { a.s.m.marked[ev.ID] = true }) // the janitor sets published_at
 }
 
-// Parked comes before the dead-letter copy is even sent: the row is
-// recorded whatever the broker does with the copy.
+// Parked comes as soon as the dead-letter copy is sent (or at once, without
+// one): the row is recorded whatever the broker does with the copy.
 func (a modelAcker) Parked(ev Ref, reason string) {
-	seq, id, at := ev.Seq, ev.ID, ev.At
-	s := a.s
-	b := s.m.b
-	b.mu.Lock()
-	switch e := s.m.events[id]; {
-	case s.seqID[seq] != id:
-		b.problem("Parked(%d, %s): seq %d is event %q", seq, id, seq, s.seqID[seq])
-	case s.acked[seq]:
-		b.problem("Parked(%d, %s) twice", seq, id)
-	case e == nil || !e.poison:
-		b.problem("Parked(%d, %s) for a valid event: %s", seq, id, reason)
-	}
-	s.acked[seq] = true
-	s.parked[id] = true
-	s.m.parked[id] = true // the janitor records last_error
-	b.mu.Unlock()
-	s.w.AckAt(seq, at, id)
+	a.settle("Parked", ev, func(e *modelEvent) string {
+		if !e.poison {
+			return "for a valid event: " + reason
+		}
+		return ""
+	}, func() {
+		a.s.parked[ev.ID] = true
+		a.s.m.parked[ev.ID] = true // the janitor records last_error
+	})
 }
 
 // Resumed is an event skipped because an earlier session had it acked and
 // marked (or parked): it must be so.
 func (a modelAcker) Resumed(ev Ref) {
-	seq, id, at := ev.Seq, ev.ID, ev.At
+	m := a.s.m
+	a.settle("Resumed", ev, func(*modelEvent) string {
+		if !m.marked[ev.ID] && !m.parked[ev.ID] {
+			return "but no earlier session marked or parked it"
+		}
+		return ""
+	}, func() {
+		a.s.resumed[ev.ID] = true
+		m.resumed++
+	})
+}
+
+// settle checks what every report must hold (the right event at the right
+// place, reported once) and what is wrong with this one (a reason, or ""),
+// records it with record, then tells the watermark, as the relay's acks do.
+func (a modelAcker) settle(what string, ev Ref, wrong func(*modelEvent) string, record func()) {
 	s := a.s
 	b := s.m.b
 	b.mu.Lock()
-	switch e := s.m.events[id]; {
-	case s.seqID[seq] != id:
-		b.problem("Resumed(%d, %s): seq %d is event %q", seq, id, seq, s.seqID[seq])
-	case s.acked[seq]:
-		b.problem("Resumed(%d, %s) twice", seq, id)
+	switch e := s.m.events[ev.ID]; {
+	case s.seqID[ev.Seq] != ev.ID:
+		b.problem("%s(%d, %s): seq %d is event %q", what, ev.Seq, ev.ID, ev.Seq, s.seqID[ev.Seq])
+	case s.acked[ev.Seq]:
+		b.problem("%s(%d, %s) twice", what, ev.Seq, ev.ID)
 	case e == nil:
-		b.problem("Resumed(%d, %s): no such event", seq, id)
-	case !s.m.marked[id] && !s.m.parked[id]:
-		b.problem("Resumed(%d, %s) but no earlier session marked or parked it", seq, id)
+		b.problem("%s(%d, %s): no such event", what, ev.Seq, ev.ID)
+	case e.ev.Place() != ev.At:
+		b.problem("%s(%d, %s) at %s, the event is at %s", what, ev.Seq, ev.ID, ev.At, e.ev.Place())
+	default:
+		if why := wrong(e); why != "" {
+			b.problem("%s(%d, %s) %s", what, ev.Seq, ev.ID, why)
+		}
 	}
-	s.acked[seq] = true
-	s.resumed[id] = true
-	s.m.resumed++
+	s.acked[ev.Seq] = true
+	record()
 	b.mu.Unlock()
-	s.w.AckAt(seq, at, id)
+	s.w.AckAt(ev.Seq, ev.At, ev.ID)
 }
 
 // read plays one turn of wal.Reader.Run: offer the pending event to In

@@ -104,7 +104,7 @@ func amqpTypeName(v any) string {
 		return "an object"
 	case []any:
 		return "an array"
-	case float32, float64, int, int8, int16, int32, int64, uint8, uint16, uint32, uint64:
+	case float32, float64, int, int8, int16, int32, int64, uint8, uint16, uint32, uint64, amqp.Decimal:
 		return "a number"
 	default:
 		return fmt.Sprintf("of type %T", v)

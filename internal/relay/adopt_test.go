@@ -32,6 +32,12 @@ func backlog(t *testing.T, db *pgx.Conn, key string, n int) []row {
 // keepInserting inserts small transactions until stop is closed and
 // returns what it inserted.
 func keepInserting(t *testing.T, e *env, key string, stop <-chan struct{}) <-chan []row {
+	return produce(t, e, key, 5, 5*time.Millisecond, stop)
+}
+
+// produce inserts transactions of rows rows, pause apart, on a connection
+// of its own until stop is closed, and returns what it inserted.
+func produce(t *testing.T, e *env, key string, rows int, pause time.Duration, stop <-chan struct{}) <-chan []row {
 	db := e.connect()
 	out := make(chan []row, 1)
 	go func() {
@@ -43,13 +49,13 @@ func keepInserting(t *testing.T, e *env, key string, stop <-chan struct{}) <-cha
 				return
 			default:
 			}
-			rs, _, err := insert(context.Background(), db, key, 5)
+			rs, _, err := insert(context.Background(), db, key, rows)
 			if err != nil {
-				t.Errorf("insert during adoption: %v", err)
+				t.Errorf("insert: %v", err)
 				return
 			}
 			all = append(all, rs...)
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(pause)
 		}
 	}()
 	return out

@@ -248,6 +248,19 @@ func TestIntegrationRetention(t *testing.T) {
 	}
 }
 
+// setSynchronousStandby sets synchronous_standby_names: a name no standby
+// has makes every commit wait, as a stopped synchronous standby does.
+func setSynchronousStandby(t *testing.T, e *env, names string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+names+`'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestIntegrationSyncStandbyStalledRowsNeverGone: commits held by a
 // synchronous standby that does not answer for longer than the old 10 s
 // grace (synchronous_standby_names names a standby that is not there, the
@@ -261,15 +274,7 @@ func TestIntegrationSyncStandbyStalledRowsNeverGone(t *testing.T) {
 	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
 	r.waitStreaming(t)
 	ctx := context.Background()
-	setSync := func(v string) {
-		t.Helper()
-		if _, err := e.db.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+v+`'`); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.db.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setSync := func(v string) { t.Helper(); setSynchronousStandby(t, e, v) }
 	setSync("stopped_standby")
 	t.Cleanup(func() { setSync("") })
 	const n = 20
@@ -312,15 +317,7 @@ func TestIntegrationJanitorMarksRowsSeenLate(t *testing.T) {
 	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
 	r.waitStreaming(t)
 	ctx := context.Background()
-	setSync := func(v string) {
-		t.Helper()
-		if _, err := e.db.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+v+`'`); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.db.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setSync := func(v string) { t.Helper(); setSynchronousStandby(t, e, v) }
 	setSync("nobody") // commits now wait for a standby that never comes
 	t.Cleanup(func() { setSync("") })
 	db := e.connect()

@@ -23,7 +23,7 @@ func TestIntegrationAdoptionPairsUnderLoad(t *testing.T) {
 	// Two producers of one-row transactions, as fast as they go: a commit
 	// record right at a new slot's consistent point needs many commits
 	// around each slot's creation.
-	during := []<-chan []row{insertFast(t, e, "a", stop), insertFast(t, e, "b", stop)}
+	during := []<-chan []row{produce(t, e, "a", 1, 0, stop), produce(t, e, "b", 1, 0, stop)}
 	const adoptions = 12
 	for i := range adoptions {
 		r := e.startRelay(nil)
@@ -67,31 +67,6 @@ func TestIntegrationAdoptionPairsUnderLoad(t *testing.T) {
 	dups := report(t, all, e.consumer.Deliveries())
 	t.Logf("%d adoptions under load: %d events, %d deliveries (%d duplicates), %d distinct pairs",
 		adoptions+1, len(all), len(e.consumer.Deliveries()), dups, len(owner))
-}
-
-// insertFast inserts one-row transactions until stop is closed and returns
-// what it inserted.
-func insertFast(t *testing.T, e *env, key string, stop <-chan struct{}) <-chan []row {
-	db := e.connect()
-	out := make(chan []row, 1)
-	go func() {
-		var all []row
-		defer func() { out <- all }()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			rs, _, err := insert(context.Background(), db, key, 1)
-			if err != nil {
-				t.Errorf("insert: %v", err)
-				return
-			}
-			all = append(all, rs...)
-		}
-	}()
-	return out
 }
 
 // dropSlot drops the relay's slot once its walsender has let go.
