@@ -36,7 +36,7 @@ func (c *fakeClock) set(t time.Time) {
 var gaugeNames = []string{
 	"cdcrelay_oldest_unpublished_age_seconds", "cdcrelay_outbox_parked", "cdcrelay_outbox_unpublished",
 	"cdcrelay_slot_lag_bytes", "cdcrelay_slot_retained_wal_bytes", "cdcrelay_slot_safe_wal_size_bytes",
-	"cdcrelay_slot_wal_status",
+	"cdcrelay_slot_wal_status", "cdcrelay_other_relay_slots",
 }
 
 // exported gathers reg and returns each series' value by name and labels.
@@ -128,7 +128,7 @@ func TestCollectorValues(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	c.setHolder(true)
-	c.succeeded(reading{unpublished: 7, parked: 2, oldest: math.NaN(), retained: 1024, lag: 512, safeWAL: -1, walStatus: "unreserved"})
+	c.succeeded(reading{unpublished: 7, parked: 2, oldest: math.NaN(), retained: 1024, lag: 512, safeWAL: -1, walStatus: "unreserved", otherRelays: 1})
 	got := exported(t, reg)
 	want := map[string]float64{
 		"cdcrelay_outbox_unpublished{slot=s1}":                     7,
@@ -141,6 +141,7 @@ func TestCollectorValues(t *testing.T) {
 		"cdcrelay_slot_wal_status{slot=s1,status=unreserved}":      1,
 		"cdcrelay_slot_wal_status{slot=s1,status=lost}":            0,
 		"cdcrelay_monitor_holder{slot=s1}":                         1,
+		"cdcrelay_other_relay_slots{slot=s1}":                      1,
 		"cdcrelay_monitor_last_success_timestamp_seconds{slot=s1}": 1_800_000_000,
 	}
 	for k, v := range want {

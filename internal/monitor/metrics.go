@@ -20,6 +20,7 @@ type reading struct {
 	retained, lag       float64
 	safeWAL             float64 // -1: max_slot_wal_keep_size unlimited
 	walStatus           string  // "" when the slot does not exist
+	otherRelays         float64 // other pgoutput slots of the database a cdcrelay streams
 }
 
 // collector exports the readings only while they are fresh and this
@@ -32,6 +33,7 @@ type collector struct {
 	now      func() time.Time
 
 	unpublished, parked, oldest, retained, lag, safeWAL, walStatus *prometheus.Desc
+	otherRelays                                                    *prometheus.Desc
 	lastSuccess, holder                                            *prometheus.Desc
 	descs                                                          []*prometheus.Desc // all of the above
 	names                                                          []string           // their names
@@ -57,6 +59,7 @@ func newCollector(slot string, interval time.Duration, now func() time.Time) *co
 	c.lag = d("cdcrelay_slot_lag_bytes", "Current WAL position minus the slot's confirmed_flush_lsn. Exported only by the monitor lock's holder, while fresh.")
 	c.safeWAL = d("cdcrelay_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is invalidated (-1: max_slot_wal_keep_size unlimited). Exported only by the monitor lock's holder, while fresh.")
 	c.walStatus = d("cdcrelay_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others. Exported only by the monitor lock's holder, while fresh.", "status")
+	c.otherRelays = d("cdcrelay_other_relay_slots", "Other logical slots of this database that pgoutput streams to a connection named like a relay (application_name cdcrelay, or this relay's own): another relay on the same database, which publishes every event of a shared outbox a second time. The names are logged. Exported only by the monitor lock's holder, while fresh.")
 	c.lastSuccess = d("cdcrelay_monitor_last_success_timestamp_seconds", "Unix time of this process's last successful backlog and slot refresh (0: none yet).")
 	c.holder = d("cdcrelay_monitor_holder", "1 while this replica holds the monitor lock and so refreshes the backlog and slot gauges.")
 	return c
@@ -105,6 +108,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.retained, r.retained)
 	gauge(c.lag, r.lag)
 	gauge(c.safeWAL, r.safeWAL)
+	gauge(c.otherRelays, r.otherRelays)
 	for _, s := range walStatuses {
 		gauge(c.walStatus, boolValue(r.walStatus == s), s)
 	}

@@ -52,6 +52,7 @@ type Monitor struct {
 	// table may have changed).
 	sql    string
 	warned map[string]bool // missing columns already logged
+	others string          // the other relays' slots last logged, comma-separated
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.

@@ -3,8 +3,11 @@ package monitor
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
 
 // columns are the optional outbox columns the query depends on.
@@ -93,7 +96,12 @@ func (m *Monitor) refresh(ctx context.Context) error {
 	if err := m.db.QueryRow(qctx, sql, m.opts.Slot).Scan(&unpublished, &parked, &age, &status, &safe, &retained, &lag); err != nil {
 		return fmt.Errorf("read backlog and slot health: %w", err)
 	}
-	r := reading{unpublished: float64(unpublished), parked: float64(parked), oldest: nan(age), retained: retained, lag: lag, safeWAL: -1}
+	others, err := m.otherRelays(qctx)
+	if err != nil {
+		return err
+	}
+	r := reading{unpublished: float64(unpublished), parked: float64(parked), oldest: nan(age), retained: retained, lag: lag, safeWAL: -1,
+		otherRelays: float64(len(others))}
 	if status != nil {
 		r.walStatus = *status
 	}
@@ -102,5 +110,51 @@ func (m *Monitor) refresh(ctx context.Context) error {
 		r.safeWAL = float64(*safe)
 	}
 	m.c.succeeded(r)
+	m.reportOthers(others)
 	return nil
+}
+
+// otherRelaysSQL lists the other logical slots of this database that
+// pgoutput streams to a connection named like a relay: the default
+// application_name, or the monitor's own (the relays of one values file
+// share their URL, and with it an application_name the URL sets).
+// application_name is readable in pg_stat_activity by every role, so the
+// least-privilege role sees it. Which publication a walsender streams is
+// not in the catalogs, so a relay of another outbox in the same database
+// counts too; the log line and the runbook say so.
+const otherRelaysSQL = `
+	SELECT s.slot_name::text
+	FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid
+	WHERE s.slot_type = 'logical' AND s.plugin = 'pgoutput' AND s.database = current_database()
+	  AND s.slot_name <> $1 AND a.application_name IN ($2, current_setting('application_name'))
+	ORDER BY 1`
+
+// otherRelays returns the names of the other relays' slots
+// (otherRelaysSQL).
+func (m *Monitor) otherRelays(ctx context.Context) ([]string, error) {
+	rows, err := m.db.Query(ctx, otherRelaysSQL, m.opts.Slot, pgconnect.ApplicationName)
+	if err != nil {
+		return nil, fmt.Errorf("read the other relays' slots: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read the other relays' slots: %w", err)
+	}
+	return names, nil
+}
+
+// reportOthers logs the other relays' slots when they change: a warning
+// naming them, once, not every interval, and a line when they are gone.
+func (m *Monitor) reportOthers(names []string) {
+	now := strings.Join(names, ",")
+	if now == m.others {
+		return
+	}
+	m.others = now
+	if now == "" {
+		m.log.Info("no other relay streams this database any more")
+		return
+	}
+	m.log.Warn("another relay streams this database: if it relays the same outbox, every event is published twice (docs/runbook.md#cdcrelayotherrelayondatabase)",
+		"other_slots", now, "slot", m.opts.Slot)
 }

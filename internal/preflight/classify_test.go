@@ -412,3 +412,15 @@ func TestQuoteIdent(t *testing.T) {
 		}
 	}
 }
+
+func TestPublicationNames(t *testing.T) {
+	for q, want := range map[string]string{
+		`START_REPLICATION SLOT "b" LOGICAL 0/0 (proto_version '1', publication_names '"cdcrelay_outbox"')`:       "cdcrelay_outbox",
+		`START_REPLICATION SLOT b LOGICAL 0/0 (proto_version '1', publication_names 'Pub_A, "My ""Pub""", x''y')`: `pub_a|My "Pub"|x'y`,
+		`<insufficient privilege>`: "",
+	} {
+		if got := strings.Join(publicationNames(q), "|"); got != want {
+			t.Errorf("%s: %q, want %q", q, got, want)
+		}
+	}
+}

@@ -106,6 +106,11 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 		sl.noReplication = roleOK.ok() && !role.super && !role.replication && !role.rdsReplication
 		fs = append(fs, classifySlot(t, sl))
 	}
+	if others, err := s.otherSlots(ctx); err != nil {
+		fs = append(fs, failed(checkOtherSlots, "list the other replication slots of database "+t.database, err))
+	} else {
+		fs = append(fs, classifyOtherSlots(t, relayApplicationName(cfg), others)...)
+	}
 	if prepared, long, err := s.transactions(ctx); err != nil {
 		fs = append(fs, failed(checkTransactions, "read open transactions (pg_prepared_xacts, pg_stat_activity)", err))
 	} else {

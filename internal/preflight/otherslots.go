@@ -1,0 +1,169 @@
+package preflight
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
+)
+
+const checkOtherSlots = "other_slots"
+
+// otherSlot is another logical slot of the outbox database.
+type otherSlot struct {
+	name, plugin string
+	active       bool
+	app          string   // its walsender's application_name; "" when inactive
+	pubs         []string // the publications it streams, when the role may read its walsender's command
+	coversOutbox bool     // one of pubs publishes the outbox table
+}
+
+// otherSlots reads every other logical slot of this database and, for an
+// active one, its walsender's application_name (readable by every role)
+// and its last command (readable by the same role, a superuser or
+// pg_read_all_stats), whose publication_names say what it streams.
+func (s *session) otherSlots(ctx context.Context) ([]otherSlot, error) {
+	rows, err := s.db.Query(ctx, `
+		SELECT s.slot_name::text, coalesce(s.plugin::text, ''), s.active, coalesce(a.application_name, ''), coalesce(a.query, '')
+		FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+		WHERE s.slot_type = 'logical' AND s.database = current_database() AND s.slot_name <> $1
+		ORDER BY 1`, s.t.slot)
+	if err != nil {
+		return nil, fmt.Errorf("read pg_replication_slots: %w", err)
+	}
+	var out []otherSlot
+	var queries []string
+	for rows.Next() {
+		var o otherSlot
+		var query string
+		if err := rows.Scan(&o.name, &o.plugin, &o.active, &o.app, &query); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read pg_replication_slots: %w", err)
+		}
+		out, queries = append(out, o), append(queries, query)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read pg_replication_slots: %w", err)
+	}
+	for i := range out {
+		out[i].pubs = publicationNames(queries[i])
+		if len(out[i].pubs) == 0 {
+			continue
+		}
+		err := s.db.QueryRow(ctx, `
+			SELECT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = ANY($1) AND p.puballtables)
+			    OR EXISTS (SELECT 1 FROM pg_publication_tables pt
+			               JOIN pg_namespace n ON n.nspname = pt.schemaname
+			               JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+			               WHERE pt.pubname = ANY($1) AND coalesce(pg_partition_root(c.oid), c.oid) = to_regclass($2))`,
+			out[i].pubs, pgx.Identifier{s.t.schema, s.t.table}.Sanitize()).Scan(&out[i].coversOutbox)
+		if err != nil {
+			return nil, fmt.Errorf("read the publications of slot %s: %w", out[i].name, err)
+		}
+	}
+	return out, nil
+}
+
+// publicationNamesArg finds pgoutput's publication_names option in a
+// START_REPLICATION command.
+var publicationNamesArg = regexp.MustCompile(`publication_names\s+'((?:[^']|'')*)'`)
+
+// publicationNames parses the publication_names option of a walsender's
+// START_REPLICATION command: a string literal holding a list of
+// identifiers, each quoted or folded to lower case. nil when the command
+// is not visible or has no such option.
+func publicationNames(query string) []string {
+	m := publicationNamesArg.FindStringSubmatch(query)
+	if m == nil {
+		return nil
+	}
+	list := strings.ReplaceAll(m[1], "''", "'")
+	var names []string
+	for len(list) > 0 {
+		list = strings.TrimLeft(list, " ,")
+		if list == "" {
+			break
+		}
+		var name string
+		if list[0] == '"' {
+			end := 1
+			for end < len(list) && (list[end] != '"' || (end+1 < len(list) && list[end+1] == '"')) {
+				if list[end] == '"' {
+					end++ // a doubled quote
+				}
+				end++
+			}
+			name = strings.ReplaceAll(list[1:min(end, len(list))], `""`, `"`)
+			list = list[min(end+1, len(list)):]
+		} else {
+			name, list, _ = strings.Cut(list, ",")
+			name = strings.ToLower(strings.TrimSpace(name))
+		}
+		names = append(names, name)
+	}
+	return names
+}
+
+// relayApplicationName is the application_name the relay's own
+// connections carry: the URL's, or pgconnect's default.
+func relayApplicationName(cfg config.Config) string {
+	if pc, err := pgconnect.Config(cfg.DatabaseURL, nil); err == nil && pc.RuntimeParams["application_name"] != "" {
+		return pc.RuntimeParams["application_name"]
+	}
+	return pgconnect.ApplicationName
+}
+
+// classifyOtherSlots lists every other logical slot of the database and
+// warns about each that may be another relay: two relays with different
+// slot names on one outbox (two releases, a copied values file) publish
+// every event twice, and nothing else would say so. A pgoutput slot is
+// suspect when a connection named like a relay streams it, when it streams
+// a publication of the outbox table, or when it is inactive (a relay that
+// is down; it keeps WAL meanwhile). A subscriber of another table, or a
+// slot of another plugin, is listed as OK.
+func classifyOtherSlots(t target, relayApp string, slots []otherSlot) []Finding {
+	if len(slots) == 0 {
+		return []Finding{{Check: checkOtherSlots, Message: fmt.Sprintf("no other logical slot in database %s", t.database)}}
+	}
+	var fs []Finding
+	for _, o := range slots {
+		state := "inactive"
+		if o.active {
+			state = fmt.Sprintf("active, streamed by application_name %q", o.app)
+		}
+		what := fmt.Sprintf("slot %s (plugin %s, %s", o.name, o.plugin, state)
+		if len(o.pubs) > 0 {
+			covers := "which does not publish " + t.qualified()
+			if o.coversOutbox {
+				covers = "which publishes " + t.qualified()
+			}
+			what += fmt.Sprintf(", publication %s %s", strings.Join(o.pubs, ", "), covers)
+		}
+		what += ")"
+		f := Finding{Check: checkOtherSlots, Message: what}
+		relayNamed := o.active && (o.app == relayApp || o.app == pgconnect.ApplicationName)
+		switch {
+		case o.plugin != "pgoutput":
+			f.Message += ": not a relay (the relay uses pgoutput)"
+		case len(o.pubs) > 0 && !o.coversOutbox:
+			f.Message += ": streams other tables, not this outbox"
+		case relayNamed || o.coversOutbox:
+			f.Severity = Warn
+			f.Message += fmt.Sprintf(": another relay (or subscriber) streams this database; if it relays %s too, every event is published twice, once from each slot", t.qualified())
+			f.Remedy = fmt.Sprintf("if it is a second release or a copied values file for the same outbox, keep one relay: stop the other and drop its slot (SELECT pg_drop_replication_slot('%s');); a relay of another table of this database is fine", o.name)
+		case !o.active:
+			f.Severity = Warn
+			f.Message += fmt.Sprintf(": nothing streams it now; if it belongs to a stopped relay of %s, starting that relay publishes every event again from its slot, and meanwhile the slot keeps WAL", t.qualified())
+			f.Remedy = fmt.Sprintf("if nothing will stream it again, drop it: SELECT pg_drop_replication_slot('%s');", o.name)
+		default:
+			f.Message += ": streamed by another application (a subscriber?)"
+		}
+		fs = append(fs, f)
+	}
+	return fs
+}
