@@ -25,6 +25,7 @@ var defaultSeverity = map[string]string{
 	"CdcrelaySlotNearInvalidation":    "critical",
 	"CdcrelaySlotLost":                "critical",
 	"CdcrelayOldestUnpublishedTooOld": "critical",
+	"CdcrelayOtherRelayOnDatabase":    "warning",
 	"CdcrelayParkedRows":              "warning",
 	"CdcrelayUnroutableStall":         "critical",
 	"CdcrelayDeadLetterFailed":        "warning",
@@ -55,7 +56,7 @@ var slotLabelled = map[string]bool{
 	"cdcrelay_monitor_errors_total": true, "cdcrelay_outbox_unpublished": true, "cdcrelay_outbox_parked": true,
 	"cdcrelay_oldest_unpublished_age_seconds": true, "cdcrelay_slot_retained_wal_bytes": true,
 	"cdcrelay_slot_lag_bytes": true, "cdcrelay_slot_safe_wal_size_bytes": true, "cdcrelay_slot_wal_status": true,
-	"cdcrelay_slot_lost_total": true, "cdcrelay_backfill_events_total": true,
+	"cdcrelay_slot_lost_total": true, "cdcrelay_backfill_events_total": true, "cdcrelay_other_relay_slots": true,
 }
 
 func (r replica) series() []inputSeries {
@@ -104,6 +105,7 @@ func (r replica) series() []inputSeries {
 			"cdcrelay_outbox_unpublished":                     "0x40",
 			"cdcrelay_outbox_parked":                          "0x40",
 			"cdcrelay_oldest_unpublished_age_seconds":         "0x40",
+			"cdcrelay_other_relay_slots":                      "0x40",
 		})
 	}
 	for k, val := range r.set {
@@ -385,6 +387,10 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_safe_wal_size_bytes": mib512,
 				`cdcrelay_slot_wal_status{status="reserved"}`: "0x40", `cdcrelay_slot_wal_status{status="unreserved"}`: "1x40"})...),
 			fire: []firing{fire("2m", "CdcrelaySlotNearInvalidation", v.bySlot("CdcrelaySlotNearInvalidation", orders))}},
+		{name: "another relay streams the database of orders (a copied values file): one alert once it lasts 5m",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_other_relay_slots": "0x4 1x36"})...),
+			quietAt:  []string{"3m", "7m"},
+			fire:     []firing{fire("12m", "CdcrelayOtherRelayOnDatabase", v.bySlot("CdcrelayOtherRelayOnDatabase", orders))}},
 		{name: "safe WAL size above the threshold",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_safe_wal_size_bytes": "5368709120x40"})...),
 			quietAt:  []string{"2m", "20m"}},
