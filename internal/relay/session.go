@@ -160,7 +160,10 @@ func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Dura
 	// Verified even when the slot is still active: with the slot lock held
 	// that is a dead holder's walsender letting go, and this session will
 	// stream as soon as it has.
-	table, err := slot.VerifyPublication(ctx, db, r.target)
+	// The mapped columns too: a generated one is not in the stream before
+	// PostgreSQL 18, and must be refused before anything is published.
+	m := r.mapping
+	table, err := slot.VerifyPublication(ctx, db, r.target, m.ID, m.RoutingKey, m.Payload, m.Headers, m.Exchange, m.MessageType)
 	if err != nil {
 		return slot.Info{}, 0, err
 	}
