@@ -20,6 +20,7 @@ const (
 	checkSenders     = "max_wal_senders"
 	checkKeepSize    = "max_slot_wal_keep_size"
 	checkSyncStandby = "synchronous_standby_names"
+	checkEncoding    = "server_encoding"
 	checkPrivileges  = "privileges"
 	checkReplConn    = "replication connection"
 	checkTable       = "table"
@@ -70,6 +71,26 @@ func classifyWALLevel(level string, pendingRestart bool) Finding {
 	if pendingRestart {
 		f.Message += " (a changed value is waiting for a restart)"
 		f.Remedy = "restart PostgreSQL: the new wal_level applies only after a restart"
+	}
+	return f
+}
+
+// classifyEncoding checks the database encoding. The relay reads every
+// text as UTF-8 (client_encoding=UTF8 on each connection): PostgreSQL
+// converts any real encoding, but SQL_ASCII stores bytes unchecked, so a
+// row whose text is not UTF-8 fails the conversion on both the stream and
+// the backfill, and MULE_INTERNAL has no conversion to UTF-8 at all.
+func classifyEncoding(encoding string) Finding {
+	f := Finding{Check: checkEncoding, Message: encoding}
+	switch encoding {
+	case "SQL_ASCII":
+		f.Severity = Warn
+		f.Message = "database encoding SQL_ASCII: the relay reads text as UTF-8; a row whose text is not valid UTF-8 stops both the backfill and the stream with 'invalid byte sequence for encoding \"UTF8\"' until the row is corrected or deleted and the slot dropped"
+		f.Remedy = "use a database with a real encoding (UTF8, or any encoding PostgreSQL converts), or make sure every text the outbox holds is valid UTF-8"
+	case "MULE_INTERNAL":
+		f.Severity = Error
+		f.Message = "database encoding MULE_INTERNAL has no conversion to UTF-8, which every connection of the relay asks for"
+		f.Remedy = "move the outbox to a database with a real encoding (UTF8, or any encoding PostgreSQL converts to UTF-8)"
 	}
 	return f
 }

@@ -424,3 +424,13 @@ func TestPublicationNames(t *testing.T) {
 		}
 	}
 }
+
+// TestClassifyEncoding: a real encoding is fine (PostgreSQL converts it to
+// the relay's UTF-8), SQL_ASCII is a warning, MULE_INTERNAL an error.
+func TestClassifyEncoding(t *testing.T) {
+	for enc, want := range map[string]Severity{"UTF8": OK, "LATIN1": OK, "WIN1252": OK, "SQL_ASCII": Warn, "MULE_INTERNAL": Error} {
+		if f := classifyEncoding(enc); f.Severity != want || (want != OK && f.Remedy == "") {
+			t.Errorf("%s: %v %q (remedy %q), want %v with a remedy", enc, f.Severity, f.Message, f.Remedy, want)
+		}
+	}
+}

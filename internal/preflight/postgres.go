@@ -198,7 +198,7 @@ type session struct {
 func (s *session) settings(ctx context.Context) []Finding {
 	rows, err := s.db.Query(ctx, `
 		SELECT name, setting, pending_restart FROM pg_settings
-		WHERE name IN ('wal_level', 'max_replication_slots', 'max_wal_senders', 'max_slot_wal_keep_size', 'synchronous_standby_names')`)
+		WHERE name IN ('wal_level', 'max_replication_slots', 'max_wal_senders', 'max_slot_wal_keep_size', 'synchronous_standby_names', 'server_encoding')`)
 	if err != nil {
 		return []Finding{failed(checkWALLevel, "read server settings", err)}
 	}
@@ -219,7 +219,7 @@ func (s *session) settings(ctx context.Context) []Finding {
 	if err := rows.Err(); err != nil {
 		return []Finding{failed(checkWALLevel, "read server settings", err)}
 	}
-	fs := []Finding{classifyWALLevel(set["wal_level"].value, set["wal_level"].pending)}
+	fs := []Finding{classifyWALLevel(set["wal_level"].value, set["wal_level"].pending), classifyEncoding(set["server_encoding"].value)}
 
 	var slotsUsed, sendersUsed int
 	err = s.db.QueryRow(ctx, `
