@@ -1,6 +1,7 @@
 package publish
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -88,4 +89,72 @@ func deadLetter(ev *wal.Event, reason string, maxMessageBytes int64) amqp.Publis
 		Timestamp:    ev.CommitTime,
 		Body:         body,
 	}
+}
+
+// poison applies the policy to an event that can never be published. Only
+// the event's own content leads here: transport failures never do, so they
+// never count as attempts. A parked event is handed to the Acker as soon as
+// its dead-letter copy is sent (or at once, without one): the row is
+// recorded whatever the broker then does with the copy, which is only
+// counted (invariant 3). A crash after parking can lose the copy; the
+// row's last_error is the record.
+func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (inflight, error) {
+	p.Metrics.poison.Inc()
+	if p.Poison == Stop {
+		return f, fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, LogID(ev.ID), reason)
+	}
+	p.Log.Error("parking poison event: left unpublished with last_error set", "event", LogID(ev.ID), "reason", reason,
+		"dead_letter_exchange", p.DeadLetterExchange)
+	defer p.Resume.unstall(f.at, p.Metrics)
+	if p.DeadLetterExchange == "" {
+		p.acks.Parked(f.ref(), reason)
+		return f, nil
+	}
+	if p.Resume.copyRefused(f.at) {
+		p.Log.Warn("poison event not dead-lettered: the broker refused its copy in an earlier session", "event", LogID(ev.ID))
+		p.acks.Parked(f.ref(), reason)
+		return f, nil
+	}
+	dc, key, err := p.sendCopy(ctx, l, ev, f, reason)
+	if err != nil {
+		return f, err
+	}
+	p.acks.Parked(f.ref(), reason)
+	if dc != nil {
+		p.Metrics.inFlight.Inc()
+		f.dc, f.copyOf, f.exchange, f.key, f.rowExchange = dc, true, p.DeadLetterExchange, key, false
+	}
+	return f, nil
+}
+
+// sendCopy publishes ev's dead-letter copy; dc is nil when none can be
+// sent.
+func (p *Publisher) sendCopy(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (dc confirmation, key string, err error) {
+	key = ev.RoutingKey
+	if len(key) > maxShortString {
+		key = ""
+	}
+	msg := deadLetter(ev, reason, p.copyLimit())
+	if why := Unsendable(p.DeadLetterExchange, key, &msg, p.frameMax()); why != "" {
+		// Never expected (deadLetter builds a sendable message); parking
+		// without the copy beats a restart loop.
+		p.Log.Error("poison event not dead-lettered: its dead letter cannot be sent", "event", LogID(ev.ID), "reason", why)
+		return nil, key, nil
+	}
+	f.copyOf, f.exchange, f.key, f.rowExchange = true, p.DeadLetterExchange, key, false
+	p.alone.set(l, f)
+	dc, err = l.ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, msg)
+	if err != nil {
+		return nil, key, fmt.Errorf("dead-letter event %s: %w", LogID(ev.ID), err)
+	}
+	return dc, key, nil
+}
+
+// copyLimit is the largest body a dead-letter copy may carry: the relay's
+// limit, or the broker's when it is known to be lower.
+func (p *Publisher) copyLimit() int64 {
+	if limit := p.Resume.BrokerLimit(); limit > 0 && limit < p.MaxMessageBytes {
+		return limit
+	}
+	return p.MaxMessageBytes
 }
