@@ -57,10 +57,11 @@ test-go:
 # The slow part of the fault matrix (docs/reliability.md): real broker
 # outages on a private RabbitMQ node, partitions, crashes, SIGKILL at exact
 # boundaries (failpoints), a 200,000-event backlog, and the review's bounded
-# queue set-ups (internal/relay, TestFaults*). .ci/run runs it too.
+# queue set-ups and a private node's max_message_size (internal/relay, build tag
+# faults). .ci/run runs it too.
 test-faults:
 	$(GO) test -race -tags 'faults failpoints' -count=1 -timeout 30m ./internal/faults/ ./internal/failpoint/
-	$(GO) test -race -tags faults -count=1 -timeout 10m -run '^TestFaults' ./internal/relay/
+	$(GO) test -race -tags faults -count=1 -timeout 10m -run '^TestIntegration(BoundedQueueReview|BrokerSizeLimitParked)' ./internal/relay/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(call fuzzfor,150000x) ./internal/wal/

@@ -21,23 +21,23 @@ import (
 // 40 msg/s, the default window. Slow (about 80 s each), so it runs in make
 // test-faults.
 
-// TestFaultsBoundedQueueReviewSetup: 3,000 one-row transactions.
-func TestFaultsBoundedQueueReviewSetup(t *testing.T) {
+// TestIntegrationBoundedQueueReviewSetup: 3,000 one-row transactions.
+func TestIntegrationBoundedQueueReviewSetup(t *testing.T) {
 	boundedQueue{maxLen: 200, perMessage: 25 * time.Millisecond, singles: 3000, within: 150 * time.Second}.run(t)
 }
 
-// TestFaultsBoundedQueueReviewOneTransaction: the 3,000 rows in one
+// TestIntegrationBoundedQueueReviewOneTransaction: the 3,000 rows in one
 // transaction, fifteen times the queue's room.
-func TestFaultsBoundedQueueReviewOneTransaction(t *testing.T) {
+func TestIntegrationBoundedQueueReviewOneTransaction(t *testing.T) {
 	boundedQueue{maxLen: 200, perMessage: 25 * time.Millisecond, big: 3000, within: 150 * time.Second}.run(t)
 }
 
-// TestFaultsBrokerSizeLimitParked: a private node with a
+// TestIntegrationBrokerSizeLimitParked: a private node with a
 // max_message_size below CDCRELAY_MAX_MESSAGE_BYTES closes the channel
 // for a larger message (406). The row is parked with the broker's reason,
 // the relay learns the limit, parks the next such row before sending it,
 // and the rows around them flow.
-func TestFaultsBrokerSizeLimitParked(t *testing.T) {
+func TestIntegrationBrokerSizeLimitParked(t *testing.T) {
 	ctx := context.Background()
 	node, err := testenv.StartRabbitMQ(ctx, testenv.RabbitMQOptions{Config: map[string]string{"max_message_size": "1048576"}})
 	if err != nil {

@@ -174,7 +174,7 @@ func (b boundedQueue) run(t *testing.T) int {
 // TestIntegrationBoundedQueueMakesProgress is the review's livelock, at a
 // scale for make test: one-row transactions and a transaction larger than
 // the queue's room. On the old relay the slot froze and the same events
-// went round and round (TestFaultsBoundedQueueReviewSetup runs the
+// went round and round (TestIntegrationBoundedQueueReviewSetup runs the
 // review's own set-up).
 func TestIntegrationBoundedQueueMakesProgress(t *testing.T) {
 	boundedQueue{
