@@ -221,10 +221,13 @@ func migrate(ctx context.Context, stderr io.Writer) error {
 		return err
 	}
 	// A publication of that name that already existed is left as it is:
-	// fail now if it does not carry exactly this table's inserts, rather
-	// than let run refuse it later.
-	if _, err := slot.VerifyPublication(ctx, db, slot.Target{Publication: cfg.Publication, Schema: schema, Table: table}); err != nil {
+	// fail now if run would refuse it, rather than let run refuse it later.
+	_, foreign, err := slot.VerifyPublication(ctx, db, slot.Target{Publication: cfg.Publication, Schema: schema, Table: table})
+	if err != nil {
 		return err
+	}
+	for _, rel := range foreign {
+		log.Warn("the publication also publishes a table that is not the outbox: the relay skips its inserts", "publication", cfg.Publication, "table", rel.Qualified())
 	}
 	log.Info("migrations applied", "files", migrations.Names(), "table", cfg.Table, "publication", cfg.Publication)
 	return nil

@@ -245,6 +245,7 @@ type pubFacts struct {
 	insert, update, delete, truncate bool
 	covers                           bool
 	others                           []string // other tables published, schema.table
+	kin                              []string // those of others of the outbox's partition or inheritance tree
 	rowFilter                        string   // PostgreSQL 15+: the table's row filter
 	columns                          []string // PostgreSQL 15+: published columns; nil when unknown
 	canCreate                        bool     // the role owns the table and may CREATE in the database
@@ -339,18 +340,42 @@ func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
 				fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (all columns)", pub, t.qualified()))
 		}
 	}
-	if p.covers && len(p.others) > 0 {
-		what := listSome(p.others, 5)
-		if p.allTables {
-			what = "every table (FOR ALL TABLES): " + what
-		}
-		bad(Error, fmt.Sprintf("publication %s also covers %s: the relay refuses to stream it, since a row of another table is one it cannot classify and it stops there rather than skip it", t.publication, what),
-			fmt.Sprintf("give the relay a publication of its own: %s (and set CDCRELAY_PUBLICATION), or ALTER PUBLICATION %s SET TABLE %s;", t.createPublicationSQL(tf.kind), pub, t.qualified()))
+	if p.covers {
+		fs = append(fs, classifyOthers(t, tf, p)...)
 	}
 	if len(fs) == 0 {
 		fs = append(fs, Finding{Check: checkPublication, Message: fmt.Sprintf("%s publishes inserts only, of %s", t.publication, t.qualified())})
 	}
 	return fs
+}
+
+// classifyOthers judges the other tables a publication covering the
+// outbox also publishes: FOR ALL TABLES, or one of the outbox's tree
+// (whose rows may be outbox rows under another name), is refused by run;
+// any other is foreign, and run skips its inserts (invariant 9).
+func classifyOthers(t target, tf tableFacts, p pubFacts) []Finding {
+	pub := quoteIdent(t.publication)
+	own := fmt.Sprintf("give the relay a publication of its own: %s (and set CDCRELAY_PUBLICATION), or ALTER PUBLICATION %s SET TABLE %s;", t.createPublicationSQL(tf.kind), pub, t.qualified())
+	if p.allTables && len(p.others) > 0 {
+		return []Finding{{Check: checkPublication, Severity: Error, Remedy: own,
+			Message: fmt.Sprintf("publication %s also covers every table (FOR ALL TABLES): %s: the relay refuses to stream it, since any table created later would be published too", t.publication, listSome(p.others, 5))}}
+	}
+	if len(p.kin) > 0 {
+		return []Finding{{Check: checkPublication, Severity: Error, Remedy: own,
+			Message: fmt.Sprintf("publication %s also covers %s, of the partition or inheritance tree of %s: the relay refuses to stream it, since such a row may be an outbox row under another name, and it stops there rather than skip it", t.publication, listSome(p.kin, 5), t.qualified())}}
+	}
+	var foreign []string
+	for _, name := range p.others {
+		if !slices.Contains(p.kin, name) {
+			foreign = append(foreign, name)
+		}
+	}
+	if len(foreign) == 0 {
+		return nil
+	}
+	return []Finding{{Check: checkPublication, Severity: Warn,
+		Message: fmt.Sprintf("publication %s also covers %s, which is not the outbox: the relay skips its inserts (a warning per table and session, cdcrelay_foreign_inserts_skipped_total), but the walsender decodes and sends every one of them", t.publication, listSome(foreign, 5)),
+		Remedy:  fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s; (unless another consumer needs it: then give the relay a publication of its own)", pub, strings.Join(foreign, ", "))}}
 }
 
 func listSome(names []string, n int) string {

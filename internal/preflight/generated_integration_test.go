@@ -31,11 +31,11 @@ func TestIntegrationGeneratedMappedColumn(t *testing.T) {
 
 	ctx := context.Background()
 	target := slot.Target{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}
-	_, err := slot.VerifyPublication(ctx, f.admin, target, "id", "routing_key", "payload", "headers", "", "")
+	_, _, err := slot.VerifyPublication(ctx, f.admin, target, "id", "routing_key", "payload", "headers", "", "")
 	if !errors.Is(err, slot.ErrPublication) || !strings.Contains(err.Error(), `"routing_key"`) || !strings.Contains(err.Error(), "BEFORE INSERT trigger") {
 		t.Fatalf("start check: %v; want ErrPublication naming routing_key and the remedy", err)
 	}
-	if _, err := slot.VerifyPublication(ctx, f.admin, target, "id", "payload", "kind_upper_is_not_mapped"); err != nil {
+	if _, _, err := slot.VerifyPublication(ctx, f.admin, target, "id", "payload", "kind_upper_is_not_mapped"); err != nil {
 		t.Fatalf("an unmapped generated column refused at start: %v", err)
 	}
 }

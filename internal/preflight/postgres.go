@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pglogrepl"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // failed is the finding for a check that could not run.
@@ -357,7 +359,7 @@ func (s *session) publication(ctx context.Context) (pubFacts, error) {
 	// its partitions: they count as the outbox (partOfOutbox), for the
 	// partition check to name the remedy.
 	rows, err := s.db.Query(ctx, `
-		SELECT to_jsonb(pt), coalesce(pg_partition_root(c.oid) = to_regclass($2) AND c.oid <> to_regclass($2), false)
+		SELECT to_jsonb(pt), coalesce(pg_partition_root(c.oid) = to_regclass($2) AND c.oid <> to_regclass($2), false), coalesce(c.oid, 0)
 		FROM pg_publication_tables pt
 		LEFT JOIN pg_namespace n ON n.nspname = pt.schemaname
 		LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
@@ -366,9 +368,11 @@ func (s *session) publication(ctx context.Context) (pubFacts, error) {
 		return p, fmt.Errorf("read pg_publication_tables: %w", err)
 	}
 	defer rows.Close()
+	others := map[uint32]string{}
 	for rows.Next() {
 		var partOfOutbox bool
-		if err := rows.Scan(&raw, &partOfOutbox); err != nil {
+		var oid uint32
+		if err := rows.Scan(&raw, &partOfOutbox, &oid); err != nil {
 			return p, fmt.Errorf("read pg_publication_tables: %w", err)
 		}
 		if partOfOutbox {
@@ -386,6 +390,7 @@ func (s *session) publication(ctx context.Context) (pubFacts, error) {
 		}
 		if pt.Schema != s.t.schema || pt.Table != s.t.table {
 			p.others = append(p.others, pt.Schema+"."+pt.Table)
+			others[oid] = pt.Schema + "." + pt.Table
 			continue
 		}
 		p.covers, p.columns = true, pt.Columns
@@ -396,7 +401,40 @@ func (s *session) publication(ctx context.Context) (pubFacts, error) {
 	if err := rows.Err(); err != nil {
 		return p, fmt.Errorf("read pg_publication_tables: %w", err)
 	}
-	return p, nil
+	p.kin, err = s.kin(ctx, others)
+	return p, err
+}
+
+// kin returns, by name, those of others (OID to schema.table) that share
+// a partition or inheritance tree with the outbox: run refuses them, and
+// skips the inserts of the rest (slot.CheckPublication).
+func (s *session) kin(ctx context.Context, others map[uint32]string) ([]string, error) {
+	if len(others) == 0 {
+		return nil, nil
+	}
+	var outbox uint32
+	if err := s.db.QueryRow(ctx, `SELECT coalesce(to_regclass($1)::oid, 0)`, pgx.Identifier{s.t.schema, s.t.table}.Sanitize()).Scan(&outbox); err != nil {
+		return nil, fmt.Errorf("look up %s: %w", s.t.qualified(), err)
+	}
+	if outbox == 0 {
+		return nil, nil
+	}
+	oids := make([]uint32, 0, len(others))
+	for oid := range others {
+		oids = append(oids, oid)
+	}
+	kin, err := slot.Kin(ctx, s.db, outbox, oids)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for oid, name := range others {
+		if kin[oid] {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
 }
 
 func (s *session) slot(ctx context.Context) (slotFacts, error) {

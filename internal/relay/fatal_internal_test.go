@@ -29,6 +29,7 @@ var fatalSentinels = map[string]struct {
 }{
 	"wal.ErrSchema":             {wal.ErrSchema, true},
 	"wal.ErrNotOutbox":          {wal.ErrNotOutbox, true},
+	"wal.ErrRelationUnknown":    {wal.ErrRelationUnknown, false},
 	"wal.ErrProtocol":           {wal.ErrProtocol, true},
 	"wal.ErrUnsupported":        {wal.ErrUnsupported, true},
 	"wal.ErrMalformed":          {wal.ErrMalformed, true},

@@ -72,6 +72,12 @@ type Relay struct {
 	// publish the same acknowledged events session after session.
 	resume     *publish.Resume
 	unroutable publish.UnroutablePolicy
+	// unknown outlives sessions too: relations whose insert ended a
+	// session as unknown (wal.RelationUnknownError), OID to name. The next
+	// session start classifies them from the catalog even when the
+	// publication no longer lists them, since their inserts may still lie
+	// ahead in the slot (unknown.go).
+	unknown map[uint32]string
 
 	role     atomic.Int32
 	alive    atomic.Int64           // unix nanos of the reader's last turn (touch)
@@ -129,6 +135,7 @@ func New(cfg config.Config, outcomes Outcomes, log *slog.Logger, reg prometheus.
 		pubM:     publish.NewMetrics(reg),
 		refused:  &publish.Refusals{},
 		resume:   &publish.Resume{},
+		unknown:  make(map[uint32]string),
 		unroutable: map[string]publish.UnroutablePolicy{
 			config.UnroutableStall: publish.StallUnroutable, config.UnroutablePark: publish.ParkUnroutable,
 		}[cfg.Unroutable],
@@ -170,6 +177,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if IsFatal(err) {
 			return err
 		}
+		r.rememberUnknown(err)
 		wait := r.cfg.StandbyRetry
 		if errors.Is(err, slot.ErrBusy) {
 			// A relay of this version waits for the slot lock in session;

@@ -137,10 +137,11 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 }
 
 // inspect creates the publication if needed and reads the slot's state.
-// It then verifies that the publication publishes exactly the outbox table's inserts (else the
-// session ends with a fatal ErrPublication naming the remedy) and maps the
-// outbox by the table's OID for this session (invariant 9,
-// docs/reliability.md).
+// It then verifies that the publication publishes the outbox table's
+// inserts and nothing that may be outbox rows under another name (else the
+// session ends with a fatal ErrPublication naming the remedy), maps the
+// outbox by the table's OID for this session and the foreign relations,
+// whose inserts are skipped (invariant 9, docs/architecture.md).
 func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Duration, error) {
 	created, err := slot.EnsurePublication(ctx, db, r.target)
 	if err != nil {
@@ -163,10 +164,14 @@ func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Dura
 	// The mapped columns too: a generated one is not in the stream before
 	// PostgreSQL 18, and must be refused before anything is published.
 	m := r.mapping
-	table, err := slot.VerifyPublication(ctx, db, r.target, m.ID, m.RoutingKey, m.Payload, m.Headers, m.Exchange, m.MessageType)
+	table, foreign, err := slot.VerifyPublication(ctx, db, r.target, m.ID, m.RoutingKey, m.Payload, m.Headers, m.Exchange, m.MessageType)
 	if err != nil {
 		return slot.Info{}, 0, err
 	}
-	r.mapping.OID = table.OID
+	known, err := r.classifyUnknown(ctx, db, table, foreign)
+	if err != nil {
+		return slot.Info{}, 0, err
+	}
+	r.mapping.OID, r.mapping.Foreign = table.OID, known
 	return info, interval, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -14,7 +15,7 @@ import (
 // table's inserts, or the table is not where the configuration says. The
 // relay refuses to stream rather than confirm past rows it cannot
 // classify (invariant 9, docs/architecture.md); no retry can fix it.
-var ErrPublication = errors.New("the publication does not publish exactly the outbox table")
+var ErrPublication = errors.New("the publication does not publish the outbox table as the relay needs")
 
 // Relation is a table as the catalog knows it.
 type Relation struct {
@@ -39,6 +40,9 @@ type PublicationFacts struct {
 	// and name it sends them with (pg_publication_tables): a partitioned
 	// table's root with publish_via_partition_root, its partitions without.
 	Tables []Relation
+	// Kin holds the OIDs of Tables that share a partition or inheritance
+	// tree with the outbox table (filled by Kin, not ReadPublication).
+	Kin map[uint32]bool
 }
 
 // ResolveTable finds the configured table by its quoted name; ok is false
@@ -103,10 +107,16 @@ func ReadPublication(ctx context.Context, db *pgx.Conn, name string) (Publicatio
 }
 
 // CheckPublication says whether publication pub lets the relay stream
-// table: it must exist, publish inserts, and publish exactly that table,
-// through its root when the table is partitioned. found is false when the
+// table: it must exist, publish inserts, and publish that table, through
+// its root when the table is partitioned. found is false when the
 // configured table does not exist. Each error names the remedy.
-func CheckPublication(pub string, table Relation, found bool, p PublicationFacts) error {
+//
+// Another published relation that shares a partition or inheritance tree
+// with the table (p.Kin: a partition, an ancestor, a sibling) is refused:
+// its rows may be outbox rows under another name. Any other is foreign,
+// provably not the outbox: it is returned, and the decoder skips its
+// inserts (invariant 9, docs/architecture.md).
+func CheckPublication(pub string, table Relation, found bool, p PublicationFacts) (foreign []Relation, err error) {
 	q := pgx.Identifier{pub}.Sanitize()
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrPublication}, args...)...)
@@ -114,65 +124,154 @@ func CheckPublication(pub string, table Relation, found bool, p PublicationFacts
 	if !found {
 		if p.Exists && !p.AllTables && len(p.Tables) == 1 {
 			other := p.Tables[0]
-			return fail("table %s does not exist, but publication %s publishes %s (the same table renamed or moved?): set CDCRELAY_TABLE=%s, or rename it back",
+			return nil, fail("table %s does not exist, but publication %s publishes %s (the same table renamed or moved?): set CDCRELAY_TABLE=%s, or rename it back",
 				table.Qualified(), pub, other.Qualified(), other.Qualified())
 		}
-		return fail("table %s does not exist: create it (cdcrelay migrate) or set CDCRELAY_TABLE to the outbox table", table.Qualified())
+		return nil, fail("table %s does not exist: create it (cdcrelay migrate) or set CDCRELAY_TABLE to the outbox table", table.Qualified())
 	}
 	create := fmt.Sprintf("CREATE PUBLICATION … FOR TABLE %s WITH (publish = 'insert'%s) and set CDCRELAY_PUBLICATION to its name", table.Qualified(), viaRootOption(table.Kind))
 	switch {
 	case !p.Exists:
-		return fail("publication %s does not exist: run cdcrelay migrate as the owner of %s, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s)",
+		return nil, fail("publication %s does not exist: run cdcrelay migrate as the owner of %s, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s)",
 			pub, table.Qualified(), q, table.Qualified(), viaRootOption(table.Kind))
 	case p.AllTables:
-		return fail("publication %s is FOR ALL TABLES: the relay needs one that publishes only %s; %s", pub, table.Qualified(), create)
+		return nil, fail("publication %s is FOR ALL TABLES: the relay needs one that publishes only %s; %s", pub, table.Qualified(), create)
 	case !p.Insert:
-		return fail("publication %s does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", pub, q)
+		return nil, fail("publication %s does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", pub, q)
 	case table.Kind == "p" && !p.ViaRoot:
-		return fail("%s is partitioned and publication %s publishes its rows under each partition's name: ALTER PUBLICATION %s SET (publish_via_partition_root = true)",
+		return nil, fail("%s is partitioned and publication %s publishes its rows under each partition's name: ALTER PUBLICATION %s SET (publish_via_partition_root = true)",
 			table.Qualified(), pub, q)
 	}
-	var covers bool
-	var others []string
-	for _, rel := range p.Tables {
-		if rel.OID == table.OID {
-			covers = true
-			continue
-		}
-		others = append(others, rel.Qualified())
-	}
+	covers, kin, foreign := splitTables(table, p)
 	if !covers {
-		return fail("publication %s does not publish %s: ALTER PUBLICATION %s SET TABLE %s", pub, table.Qualified(), q, table.Qualified())
+		return nil, fail("publication %s does not publish %s: ALTER PUBLICATION %s SET TABLE %s", pub, table.Qualified(), q, table.Qualified())
 	}
-	if len(others) > 0 {
-		return fail("publication %s also publishes %s; the relay stops at a row it cannot classify rather than skip it, so it streams only a publication of the outbox table alone: ALTER PUBLICATION %s SET TABLE %s, or %s",
-			pub, listSome(others, 5), q, table.Qualified(), create)
+	if len(kin) > 0 {
+		return nil, fail("publication %s also publishes %s, of the same partition or inheritance tree as %s: its rows may be outbox rows under another name, which the relay stops at rather than skip: ALTER PUBLICATION %s DROP TABLE the other relations, or %s",
+			pub, listSome(kin, 5), table.Qualified(), q, create)
 	}
-	return nil
+	return foreign, nil
+}
+
+// splitTables sorts the publication's relations: the table itself
+// (covers), its kin (p.Kin) by name, and the foreign ones.
+func splitTables(table Relation, p PublicationFacts) (covers bool, kin []string, foreign []Relation) {
+	for _, rel := range p.Tables {
+		switch {
+		case rel.OID == table.OID:
+			covers = true
+		case p.Kin[rel.OID]:
+			kin = append(kin, rel.Qualified())
+		default:
+			foreign = append(foreign, rel)
+		}
+	}
+	return covers, kin, foreign
 }
 
 // VerifyPublication checks at session start that the publication carries
-// exactly the configured table's inserts (CheckPublication) and, for each
-// of mapped (the configured column names; empty ones are skipped), that
-// pgoutput sends it at all (CheckGenerated), and returns the table, whose
-// OID the decoder maps the outbox by.
-func VerifyPublication(ctx context.Context, db *pgx.Conn, t Target, mapped ...string) (Relation, error) {
+// the configured table's inserts (CheckPublication) and, for each of
+// mapped (the configured column names; empty ones are skipped), that
+// pgoutput sends it at all (CheckGenerated). It returns the table, whose
+// OID the decoder maps the outbox by, and the foreign relations the
+// publication also publishes, whose inserts the decoder skips.
+func VerifyPublication(ctx context.Context, db *pgx.Conn, t Target, mapped ...string) (Relation, []Relation, error) {
 	table, found, err := ResolveTable(ctx, db, t)
 	if err != nil {
-		return table, err
+		return table, nil, err
 	}
 	p, err := ReadPublication(ctx, db, t.Publication)
 	if err != nil {
-		return table, err
+		return table, nil, err
 	}
-	if err := CheckPublication(t.Publication, table, found, p); err != nil {
-		return table, err
+	if found {
+		if p.Kin, err = Kin(ctx, db, table.OID, p.OIDs()); err != nil {
+			return table, nil, err
+		}
+	}
+	foreign, err := CheckPublication(t.Publication, table, found, p)
+	if err != nil {
+		return table, nil, err
 	}
 	gen, err := ReadGenerated(ctx, db, table, mapped)
 	if err != nil {
-		return table, err
+		return table, nil, err
 	}
-	return table, CheckGenerated(t.Publication, table, p, gen)
+	return table, foreign, CheckGenerated(t.Publication, table, p, gen)
+}
+
+// OIDs are the OIDs of the publication's relations.
+func (p PublicationFacts) OIDs() []uint32 {
+	oids := make([]uint32, 0, len(p.Tables))
+	for _, rel := range p.Tables {
+		oids = append(oids, rel.OID)
+	}
+	return oids
+}
+
+// Kin returns those of oids that share a partition or inheritance tree
+// with the relation table (itself, a partition or child at any depth, an
+// ancestor, a sibling): any relation whose ancestors (pg_inherits, which
+// holds partitions too, followed to the top) meet the table's.
+func Kin(ctx context.Context, db *pgx.Conn, table uint32, oids []uint32) (map[uint32]bool, error) {
+	rows, err := db.Query(ctx, `
+		WITH RECURSIVE up(rel, anc) AS (
+			SELECT o, o FROM unnest($1::oid[]) o
+			UNION
+			SELECT up.rel, i.inhparent FROM up JOIN pg_inherits i ON i.inhrelid = up.anc)
+		SELECT rel FROM up GROUP BY rel
+		HAVING bool_or(anc IN (SELECT anc FROM up WHERE rel = $2::oid))`, append([]uint32{table}, oids...), table)
+	if err != nil {
+		return nil, fmt.Errorf("read the partition and inheritance trees of the publication: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
+	if err != nil {
+		return nil, fmt.Errorf("read the partition and inheritance trees of the publication: %w", err)
+	}
+	kin := make(map[uint32]bool, len(got))
+	for _, oid := range got {
+		kin[oid] = oid != table
+	}
+	return kin, nil
+}
+
+// ClassifyLeftovers classifies, from the catalog, relations that ended an
+// earlier session as unknown (an insert from a relation added to the
+// publication after that session started) but that the publication no
+// longer lists, while their inserts may still lie ahead in the slot: each
+// one that exists and shares no tree with table is foreign (returned);
+// one of the table's tree, or one that no longer exists, cannot be told
+// from the outbox, so the relay stops (ErrPublication) before anything
+// past it is confirmed. seen maps each OID to the name it was seen under.
+func ClassifyLeftovers(ctx context.Context, db *pgx.Conn, table Relation, seen map[uint32]string) ([]Relation, error) {
+	oids := make([]uint32, 0, len(seen))
+	for oid := range seen {
+		oids = append(oids, oid)
+	}
+	slices.Sort(oids)
+	kin, err := Kin(ctx, db, table.OID, oids)
+	if err != nil {
+		return nil, err
+	}
+	var foreign []Relation
+	for _, oid := range oids {
+		rel := Relation{OID: oid}
+		err := db.QueryRow(ctx, `SELECT n.nspname::text, c.relname::text, c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`,
+			oid).Scan(&rel.Schema, &rel.Name, &rel.Kind)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil, fmt.Errorf("%w: an insert into %s (relation %d), which the publication published for a while, lies ahead in the slot, and that relation no longer exists, so the relay cannot tell it from the outbox %s; nothing past it was confirmed: "+
+				"if it was certainly not the outbox, advance the slot past its transaction (pg_replication_slot_advance) once the outbox rows committed with it are published (published_at set)",
+				ErrPublication, seen[oid], oid, table.Qualified())
+		case err != nil:
+			return nil, fmt.Errorf("look up relation %d: %w", oid, err)
+		case kin[oid] || oid == table.OID:
+			return nil, fmt.Errorf("%w: an insert into %s (relation %d), of the same partition or inheritance tree as the outbox %s, lies ahead in the slot: its rows may be outbox rows under another name, so the relay stops before it; publish the outbox through its root (publish_via_partition_root = true) and only it",
+				ErrPublication, rel.Qualified(), oid, table.Qualified())
+		}
+		foreign = append(foreign, rel)
+	}
+	return foreign, nil
 }
 
 // Generated is a generated column of the outbox table, as pg_attribute

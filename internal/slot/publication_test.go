@@ -2,6 +2,7 @@ package slot
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -19,30 +20,43 @@ func TestCheckPublication(t *testing.T) {
 		found bool
 		p     PublicationFacts
 		want  string // "" for no error; else a part of the message
+		// foreign are the OIDs returned as foreign when there is no error.
+		foreign []uint32
 	}{
-		{"exactly the table", outbox, true, good, ""},
-		{"partitioned through its root", parted, true, PublicationFacts{Exists: true, Insert: true, ViaRoot: true, Tables: []Relation{parted}}, ""},
+		{"exactly the table", outbox, true, good, "", nil},
+		{"partitioned through its root", parted, true, PublicationFacts{Exists: true, Insert: true, ViaRoot: true, Tables: []Relation{parted}}, "", nil},
 		{"partitioned, rows under the partitions' names", parted, true, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{part1}},
-			`ALTER PUBLICATION "cdcrelay_outbox" SET (publish_via_partition_root = true)`},
-		{"missing publication", outbox, true, PublicationFacts{}, "does not exist: run cdcrelay migrate"},
-		{"missing publication, partitioned table", parted, true, PublicationFacts{}, "publish_via_partition_root = true"},
-		{"for all tables", outbox, true, PublicationFacts{Exists: true, AllTables: true, Insert: true, Tables: []Relation{other, outbox}}, "FOR ALL TABLES"},
-		{"no inserts", outbox, true, PublicationFacts{Exists: true, Tables: []Relation{outbox}}, "SET (publish = 'insert')"},
+			`ALTER PUBLICATION "cdcrelay_outbox" SET (publish_via_partition_root = true)`, nil},
+		{"missing publication", outbox, true, PublicationFacts{}, "does not exist: run cdcrelay migrate", nil},
+		{"missing publication, partitioned table", parted, true, PublicationFacts{}, "publish_via_partition_root = true", nil},
+		{"for all tables", outbox, true, PublicationFacts{Exists: true, AllTables: true, Insert: true, Tables: []Relation{other, outbox}}, "FOR ALL TABLES", nil},
+		{"no inserts", outbox, true, PublicationFacts{Exists: true, Tables: []Relation{outbox}}, "SET (publish = 'insert')", nil},
 		{"another table only", outbox, true, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{other}},
-			`does not publish "public"."event_outbox": ALTER PUBLICATION "cdcrelay_outbox" SET TABLE "public"."event_outbox"`},
-		{"extra tables", outbox, true, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{outbox, other}}, `also publishes "public"."orders"`},
-		{"no tables", outbox, true, PublicationFacts{Exists: true, Insert: true}, "does not publish"},
+			`does not publish "public"."event_outbox": ALTER PUBLICATION "cdcrelay_outbox" SET TABLE "public"."event_outbox"`, nil},
+		{"a foreign table too", outbox, true, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{outbox, other}}, "", []uint32{300}},
+		{"a partition of the outbox too", parted, true, PublicationFacts{Exists: true, Insert: true, ViaRoot: true, Tables: []Relation{part1, parted}, Kin: map[uint32]bool{201: true}},
+			`also publishes "Billing"."Outbox Events_2026", of the same partition or inheritance tree`, nil},
+		{"an ancestor of the outbox too", part1, true, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{parted, part1, other}, Kin: map[uint32]bool{200: true}},
+			`also publishes "Billing"."Outbox Events", of the same partition`, nil},
+		{"no tables", outbox, true, PublicationFacts{Exists: true, Insert: true}, "does not publish", nil},
 		{"renamed or moved", Relation{Schema: "public", Name: "event_outbox"}, false, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{moved}},
-			`renamed or moved?): set CDCRELAY_TABLE="archive"."event_outbox"`},
-		{"missing table", Relation{Schema: "public", Name: "event_outbox"}, false, PublicationFacts{Exists: true, Insert: true}, "does not exist: create it"},
-		{"missing table and publication", Relation{Schema: "public", Name: "event_outbox"}, false, PublicationFacts{}, "does not exist: create it"},
+			`renamed or moved?): set CDCRELAY_TABLE="archive"."event_outbox"`, nil},
+		{"missing table", Relation{Schema: "public", Name: "event_outbox"}, false, PublicationFacts{Exists: true, Insert: true}, "does not exist: create it", nil},
+		{"missing table and publication", Relation{Schema: "public", Name: "event_outbox"}, false, PublicationFacts{}, "does not exist: create it", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := CheckPublication("cdcrelay_outbox", tt.table, tt.found, tt.p)
+			foreign, err := CheckPublication("cdcrelay_outbox", tt.table, tt.found, tt.p)
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
+				}
+				var got []uint32
+				for _, rel := range foreign {
+					got = append(got, rel.OID)
+				}
+				if !slices.Equal(got, tt.foreign) {
+					t.Fatalf("foreign %v, want %v", got, tt.foreign)
 				}
 				return
 			}

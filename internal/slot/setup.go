@@ -59,7 +59,8 @@ func EnsurePublication(ctx context.Context, db *pgx.Conn, t Target) (bool, error
 		return false, err
 	}
 	if !found {
-		return false, CheckPublication(t.Publication, table, false, PublicationFacts{})
+		_, err := CheckPublication(t.Publication, table, false, PublicationFacts{})
+		return false, err
 	}
 	if _, err := db.Exec(ctx, createPublicationSQL(t.Publication, table)); err != nil {
 		if pgCode(err) == pgerr.DuplicateObject { // created concurrently by another replica

@@ -17,12 +17,32 @@ var ErrSchema = errors.New("outbox schema mismatch")
 // ErrProtocol marks messages in an order pgoutput never sends them.
 var ErrProtocol = errors.New("pgoutput protocol violation")
 
-// ErrNotOutbox marks an insert into a relation other than the outbox table.
-// The session start verified that the publication carries the outbox table
-// alone, so such a row means the publication changed (another table added,
-// a partition published without its root): the relay stops rather than
-// confirm past a row it cannot classify.
+// ErrNotOutbox marks an insert that may be an outbox row under another
+// identity: a relation with the outbox's configured schema and name but
+// another OID (the outbox dropped and created again). The relay stops
+// rather than confirm past a row it cannot classify (invariant 9).
 var ErrNotOutbox = fmt.Errorf("%w: insert into a relation that is not the outbox table", ErrSchema)
+
+// ErrRelationUnknown marks an insert from a relation the session start
+// did not classify (a table added to the publication since). It ends the
+// session before anything past it is confirmed, but is not fatal: the
+// next session start reads the publication again and classifies it.
+var ErrRelationUnknown = errors.New("insert into a relation the session did not classify")
+
+// RelationUnknownError is ErrRelationUnknown with the relation it names,
+// which the relay remembers so that the next session start classifies it
+// even when the publication no longer lists it.
+type RelationUnknownError struct {
+	OID  uint32
+	Name string // schema.table as pgoutput sent it
+}
+
+func (e *RelationUnknownError) Error() string {
+	return fmt.Sprintf("%s: %s (relation %d), added to the publication since the session started; the next session classifies it", ErrRelationUnknown, e.Name, e.OID)
+}
+
+// Unwrap makes errors.Is(err, ErrRelationUnknown) hold.
+func (e *RelationUnknownError) Unwrap() error { return ErrRelationUnknown }
 
 // Mapping names the outbox table and the columns the relay reads.
 // Optional columns (Headers, Exchange, Type) are used when the table has them.
@@ -32,7 +52,10 @@ type Mapping struct {
 	// Relation with this OID is the outbox whatever name it carries, so a
 	// rename or move mid-stream is followed, never skipped. Zero maps by
 	// Schema and Table (tests only).
-	OID                            uint32
+	OID uint32
+	// Foreign holds the relations known at session start to be provably
+	// not the outbox (OID to qualified name): their inserts are skipped.
+	Foreign                        map[uint32]string
 	ID, RoutingKey, Payload        string
 	Headers, Exchange, MessageType string
 	// MaxMessageBytes, if positive, is CDCRELAY_MAX_MESSAGE_BYTES: a row
@@ -119,8 +142,11 @@ type Step struct {
 	Event  Event
 	Commit Commit
 	// Notice, when set, is something the operator must hear about once per
-	// session (the outbox table was renamed or moved): log it as a warning.
+	// session (the outbox table was renamed or moved, a foreign insert was
+	// skipped): log it as a warning.
 	Notice string
+	// Skipped is set for an insert from a foreign relation, skipped.
+	Skipped bool
 }
 
 // Decoder turns pgoutput messages into outbox events. It holds the relation
@@ -133,6 +159,9 @@ type Decoder struct {
 	begin     Begin
 	index     int
 	renamed   bool // the rename notice was given this session
+	// skipped holds the foreign relations whose skip notice was given this
+	// session (a Relation message may come again for the same OID).
+	skipped map[uint32]bool
 }
 
 // relation is a cached Relation with the mapping resolved to tuple indexes
@@ -141,6 +170,8 @@ type Decoder struct {
 // changes that come with deletes or updates only do not stop the relay.
 type relation struct {
 	outbox                                       bool
+	foreign                                      bool   // provably not the outbox: inserts skipped
+	recreated                                    bool   // the outbox's name under another OID
 	name                                         string // schema.table as pgoutput sent it
 	id, key, payload, headers, exchange, msgType int
 	columns                                      int
@@ -150,7 +181,7 @@ type relation struct {
 
 // NewDecoder returns a Decoder for the given mapping.
 func NewDecoder(m Mapping) *Decoder {
-	return &Decoder{mapping: m, relations: make(map[uint32]*relation)}
+	return &Decoder{mapping: m, relations: make(map[uint32]*relation), skipped: make(map[uint32]bool)}
 }
 
 // InTransaction reports whether a Begin has been seen without its Commit.
@@ -189,6 +220,11 @@ func (d *Decoder) Decode(data []byte) (Step, error) {
 func (d *Decoder) resolve(m *Relation) *relation {
 	rel := &relation{columns: len(m.Columns), name: m.Namespace + "." + m.Name}
 	if !d.isOutbox(m) {
+		// The outbox's name under another OID may be the outbox created
+		// again, even on an OID known foreign (renamed into its place).
+		rel.recreated = m.Namespace == d.mapping.Schema && m.Name == d.mapping.Table
+		_, known := d.mapping.Foreign[m.ID]
+		rel.foreign = known && !rel.recreated
 		return rel
 	}
 	rel.outbox = true
@@ -252,8 +288,7 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 		return Step{}, fmt.Errorf("%w: insert into relation %d before its relation message", ErrSchema, m.RelationID)
 	}
 	if !rel.outbox {
-		return Step{}, fmt.Errorf("%w: %s (relation %d); the publication changed since the session started (a table added, or a partition published without its root): the next start names the fix",
-			ErrNotOutbox, rel.name, m.RelationID)
+		return d.other(m.RelationID, rel)
 	}
 	if rel.problem != nil {
 		return Step{}, rel.problem
@@ -292,6 +327,29 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	ev.Type = string(optional(m.Tuple, rel.msgType))
 	d.index++
 	return Step{Kind: KindEvent, Event: ev}, nil
+}
+
+// other handles an insert from a relation that is not the outbox: a
+// foreign one is skipped (noticed once per relation and session); the
+// outbox's name under another OID stops the relay; any other ends the
+// session unconfirmed, for the next start to classify it.
+func (d *Decoder) other(oid uint32, rel *relation) (Step, error) {
+	switch {
+	case rel.foreign:
+		step := Step{Skipped: true}
+		if !d.skipped[oid] {
+			d.skipped[oid] = true
+			step.Notice = fmt.Sprintf("skipping inserts into %s (relation %d): the relay's publication publishes it, but it is not the outbox table %s; "+
+				"remove it from the publication (ALTER PUBLICATION … DROP TABLE) to spare the walsender decoding them",
+				rel.name, oid, pgx.Identifier{d.mapping.Schema, d.mapping.Table}.Sanitize())
+		}
+		return step, nil
+	case rel.recreated:
+		return Step{}, fmt.Errorf("%w: %s (relation %d) has the outbox table's name but is not the table the session started with (dropped and created again?): "+
+			"nothing past it is confirmed; check that the new table is the outbox and that the publication publishes it (cdcrelay check), then start the relay again",
+			ErrNotOutbox, rel.name, oid)
+	}
+	return Step{}, &RelationUnknownError{OID: oid, Name: rel.name}
 }
 
 // oversize says why a row is too large to publish, or "" when it is not.

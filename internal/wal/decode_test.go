@@ -105,11 +105,12 @@ func TestDecoder(t *testing.T) {
 			want: []Kind{KindBegin, KindNone, KindNone, KindNone, KindNone, KindNone, KindNone, KindNone, KindCommit},
 		},
 		{
-			// Never skipped: the commit after it must not be confirmed.
-			name:    "a row of another table stops the stream",
+			// Never skipped unless known foreign: the commit after it must
+			// not be confirmed.
+			name:    "a row of an unknown table ends the session",
 			msgs:    [][]byte{encBegin(0x500, 7), encRelation(2, "public", "orders", "id"), encInsert(2, s("1"))},
 			want:    []Kind{KindBegin, KindNone},
-			wantErr: ErrNotOutbox,
+			wantErr: ErrRelationUnknown,
 		},
 		{
 			name:    "missing required column",
@@ -247,10 +248,12 @@ func TestDecoderOutboxIdentity(t *testing.T) {
 			wantErr: ErrNotOutbox,
 		},
 		{
+			// Not known at session start: the next start classifies it
+			// (and refuses a partition of the outbox).
 			name:    "a partition published under its own name",
 			msgs:    [][]byte{encBegin(1, 1), encRelation(16401, "public", "event_outbox_2026", cols...), encInsert(16401, s("a"), s("k"), s("{}"))},
 			want:    []Kind{KindBegin, KindNone},
-			wantErr: ErrNotOutbox,
+			wantErr: ErrRelationUnknown,
 		},
 	}
 	for _, tt := range tests {
@@ -265,7 +268,7 @@ func TestDecoderOutboxIdentity(t *testing.T) {
 				}
 				steps = append(steps, step)
 			}
-			if !errors.Is(err, tt.wantErr) || (err != nil && !errors.Is(err, ErrSchema)) {
+			if !errors.Is(err, tt.wantErr) || (errors.Is(err, ErrRelationUnknown) == errors.Is(err, ErrSchema) && err != nil) {
 				t.Fatalf("error %v, want %v", err, tt.wantErr)
 			}
 			if len(steps) != len(tt.want) {
@@ -320,23 +323,30 @@ func FuzzDecode(f *testing.F) {
 		encRelation(1, "public", "event_outbox", outboxCols...),
 		encInsert(1, row("a1", "k", `{"x":1}`)...),
 		encInsert(1, s("a"), nil, s("{}")),
+		encInsert(2, s("1")), encRelation(2, "public", "event_outbox", outboxCols...), encRelation(3, "public", "invoices", "id"),
 		{'S', 0, 0, 0, 1}, {'R'}, {'I', 0, 0, 0, 1, 'N', 0xff, 0xff},
 	} {
 		f.Add(seed)
 	}
+	// Relation 2 is known foreign: its inserts are skipped.
+	m := testMapping
+	m.Foreign = map[uint32]string{2: `"public"."orders"`}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		d := NewDecoder(testMapping)
-		for _, m := range [][]byte{encBegin(0x500, 7), encRelation(1, "public", "event_outbox", outboxCols...)} {
+		d := NewDecoder(m)
+		for _, m := range [][]byte{encBegin(0x500, 7), encRelation(1, "public", "event_outbox", outboxCols...), encRelation(2, "public", "orders", "id")} {
 			if _, err := d.Decode(m); err != nil {
 				t.Fatal(err)
 			}
 		}
 		step, err := d.Decode(data)
 		if err != nil {
-			if !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrProtocol) {
+			if !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrProtocol) && !errors.Is(err, ErrRelationUnknown) {
 				t.Fatalf("unclassified error %v", err)
 			}
 			return
+		}
+		if step.Skipped && step.Kind != KindNone {
+			t.Fatalf("a skipped insert produced %+v", step)
 		}
 		if step.Kind == KindEvent && (step.Event.CommitLSN != 0x500 || (step.Event.Payload == nil && step.Event.Problem == "")) {
 			t.Fatalf("event without its transaction's position or payload: %+v", step.Event)

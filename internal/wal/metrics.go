@@ -13,6 +13,10 @@ type Metrics struct {
 	statuses prometheus.Counter
 	// keepalives counts the server's keepalive messages received.
 	keepalives prometheus.Counter
+	// foreignSkipped counts inserts from foreign relations of the
+	// publication, skipped. No relation label: the warning names each one,
+	// and a publication may hold any number of tables.
+	foreignSkipped prometheus.Counter
 }
 
 // NewMetrics registers the stream's metrics with reg.
@@ -38,7 +42,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cdcrelay_keepalives_received_total",
 			Help: "Keepalive messages received from PostgreSQL's walsender.",
 		}),
+		foreignSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cdcrelay_foreign_inserts_skipped_total",
+			Help: "Inserts from tables of the relay's publication that are provably not the outbox, skipped (including rows streamed again after a restart).",
+		}),
 	}
-	reg.MustRegister(m.decoded, m.commits, m.confirmed, m.statuses, m.keepalives)
+	reg.MustRegister(m.decoded, m.commits, m.confirmed, m.statuses, m.keepalives, m.foreignSkipped)
 	return m
 }

@@ -406,6 +406,9 @@ func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
 	if step.Notice != "" {
 		r.cfg.Log.Warn(step.Notice)
 	}
+	if step.Skipped {
+		r.cfg.Metrics.foreignSkipped.Inc()
+	}
 	switch step.Kind {
 	case KindBegin:
 		r.cfg.Positions.Begin()
