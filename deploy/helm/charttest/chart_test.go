@@ -703,6 +703,7 @@ func TestMonitoring(t *testing.T) {
 		"CdcrelayOldestUnpublishedTooOld": {"cdcrelay_oldest_unpublished_age_seconds{", "> 300"},
 		"CdcrelayUnroutableStall":         {"max by (namespace, service, id, exchange, routing_key, cause) (cdcrelay_stalled_event_info{", "}) > 0"},
 		"CdcrelayDeadLetterFailed":        {"sum by (namespace, service, outcome) (increase(cdcrelay_dead_letter_failures_total{", "[15m])) > 0"},
+		"CdcrelayForeignInsertsSkipped":   {"sum by (namespace, service) (increase(cdcrelay_foreign_inserts_skipped_total{", "[15m])) > 0"},
 		// Counters without the slot label group by namespace and service.
 		"CdcrelayMessagesNacked": {"sum by (namespace, service) (increase(cdcrelay_nacks_total{", "[5m])) > 0"},
 		"CdcrelayRestartStorm":   {"sum by (namespace, service) (increase(cdcrelay_pipeline_restarts_total{", "unless on (namespace, service) max_over_time(cdcrelay_stalled_event_info{"},

@@ -29,6 +29,7 @@ var defaultSeverity = map[string]string{
 	"CdcrelayParkedRows":              "warning",
 	"CdcrelayUnroutableStall":         "critical",
 	"CdcrelayDeadLetterFailed":        "warning",
+	"CdcrelayForeignInsertsSkipped":   "warning",
 	"CdcrelayMessagesNacked":          "warning",
 	"CdcrelayRestartStorm":            "warning",
 	"CdcrelayBrokerBlocked":           "warning",
@@ -72,6 +73,7 @@ func (r replica) series() []inputSeries {
 		"cdcrelay_slot_lost_total":                        "0x40",
 		"cdcrelay_backfill_events_total":                  "0x40",
 		"cdcrelay_broker_blocked":                         "0x40",
+		"cdcrelay_foreign_inserts_skipped_total":          "0x40",
 		// The relay creates the three outcomes at 0.
 		`cdcrelay_dead_letter_failures_total{outcome="returned"}`: "0x40",
 		`cdcrelay_dead_letter_failures_total{outcome="nacked"}`:   "0x40",
@@ -498,6 +500,20 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 			fire: []firing{fire("10m", "CdcrelayDeadLetterFailed",
 				with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "nacked"}),
 				with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "refused"}))}},
+		{name: "foreign inserts skipped: fires for 15 minutes after the last, with its description",
+			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_foreign_inserts_skipped_total": "0x4 2x36"})...),
+			quietAt:  []string{"4m", "25m"},
+			fire: []firing{
+				fire("6m", "CdcrelayForeignInsertsSkipped", v.bySvc("CdcrelayForeignInsertsSkipped", orders)),
+				fire("18m", "CdcrelayForeignInsertsSkipped", v.bySvc("CdcrelayForeignInsertsSkipped", orders)),
+			},
+			fullAnnotations: map[string]map[string]string{
+				"CdcrelayForeignInsertsSkipped": {
+					"summary":     "The publication of svc/rel-cdcrelay-orders publishes a table that is not the outbox",
+					"description": `The relay skipped 2 inserts within 15 minutes from a table of its publication that is provably not the outbox (its log names the table: "skipping inserts into ..."). The outbox's events keep flowing, but the walsender decodes and sends every row of that table to the relay, which discards it. Remove the table from the relay's publication (ALTER PUBLICATION ... DROP TABLE): ` + runbookBase + "#cdcrelayforeigninsertsskipped",
+					"runbook_url": runbookBase + "#cdcrelayforeigninsertsskipped",
+				},
+			}},
 		{name: "nacks keep coming",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_nacks_total": "0+1x40"})...),
 			quietAt:  []string{"3m"},

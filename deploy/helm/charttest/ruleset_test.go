@@ -170,6 +170,7 @@ func TestAlertRuleValues(t *testing.T) {
 		"--set", "monitoring.prometheusRule.unroutableStall.for=30s",
 		"--set", "monitoring.prometheusRule.unroutableStall.severity=page",
 		"--set", "monitoring.prometheusRule.deadLetterFailed.enabled=false",
+		"--set", "monitoring.prometheusRule.foreignInsertsSkipped.enabled=false",
 		"--set", "monitoring.prometheusRule.runbookBaseURL=https://wiki.example.org/cdcrelay",
 		"--set-json", `monitoring.prometheusRule.extraRules=[{"alert":"MyOwnAlert","expr":"vector(1)","for":"1m","labels":{"severity":"info"}}]`)
 	checkRules(t, groups)
@@ -201,6 +202,9 @@ func TestAlertRuleValues(t *testing.T) {
 	}
 	if rs := ruleByAlert(groups, "CdcrelayDeadLetterFailed"); len(rs) != 0 {
 		t.Errorf("CdcrelayDeadLetterFailed rendered though disabled")
+	}
+	if rs := ruleByAlert(groups, "CdcrelayForeignInsertsSkipped"); len(rs) != 0 {
+		t.Errorf("CdcrelayForeignInsertsSkipped rendered though disabled")
 	}
 	if rs := ruleByAlert(groups, "CdcrelayUnroutableStall"); len(rs) != 1 || rs[0].For != "30s" || rs[0].Labels["severity"] != "page" ||
 		!strings.Contains(rs[0].Annotations["description"], "https://wiki.example.org/cdcrelay#a-row-the-broker-cannot-route") {
