@@ -11,8 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ErrPublication means the publication does not carry exactly the outbox
-// table's inserts, or the table is not where the configuration says. The
+// ErrPublication means the publication does not carry the outbox table's
+// inserts as the relay needs (or carries a relation of the outbox's tree,
+// whose rows may be outbox rows under another name), or the table is not
+// where the configuration says. The
 // relay refuses to stream rather than confirm past rows it cannot
 // classify (invariant 9, docs/architecture.md); no retry can fix it.
 var ErrPublication = errors.New("the publication does not publish the outbox table as the relay needs")
