@@ -352,9 +352,10 @@ func TestIntegrationMarksGracefulStop(t *testing.T) {
 	if u := unmarked(t, e, rows); u != 0 {
 		t.Fatalf("%d rows unmarked after a graceful stop", u)
 	}
-	if got := testenv.ConfirmedFlush(t, e.db, marksSlot); got <= last {
-		t.Fatalf("slot confirmed %s after the stop, not past the last transaction (%s)", got, last)
-	}
+	// The final status update went out before the stop returned; the
+	// walsender applies it when it reads it, a moment later on a busy
+	// machine, so the slot is read until it shows it (or 10 s pass).
+	testenv.WaitConfirmed(t, e.db, marksSlot, last+1, 10*time.Second)
 	t.Logf("graceful stop took %s; all rows marked and confirmed", took.Round(time.Millisecond))
 }
 
