@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // DefaultLimit bounds the bytes waiting to be written; a Write that would
@@ -29,7 +30,8 @@ const DefaultLimit = 256 << 10
 var ErrAborted = fmt.Errorf("connection aborted: %w", net.ErrClosed)
 
 // Conn is a net.Conn whose writes are gathered and written by one
-// goroutine. Reads, deadlines and addresses are the wrapped connection's.
+// goroutine. Reads and addresses are the wrapped connection's; a read
+// deadline moves forward while bytes arrive (deadline.go).
 type Conn struct {
 	net.Conn
 	limit int
@@ -42,6 +44,10 @@ type Conn struct {
 	err     error  // the first write error; every later Write returns it
 	closed  bool
 	writing bool // the writer holds bytes taken from pending
+
+	// readWindow is how far ahead the last read deadline was set, in
+	// nanoseconds; 0: none (deadline.go).
+	readWindow atomic.Int64
 
 	kick chan struct{} // capacity 1: pending went from empty to non-empty
 	stop chan struct{} // closed by Close

@@ -33,8 +33,10 @@ const insertPaddedSQL = `
 func (w *world) loadPadded(total, rate, txSize, bigEvery, pad int) *loader {
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &loader{done: make(chan struct{}), cancel: cancel}
-	w.t.Cleanup(func() { cancel(); <-l.done })
 	db := w.connect()
+	// Registered after connect, so it runs first: the loader stops before
+	// its connection is closed (cleanups run last registered first).
+	w.t.Cleanup(func() { cancel(); <-l.done })
 	go func() {
 		defer close(l.done)
 		interval := time.Duration(float64(time.Second) * float64(txSize) / float64(rate))
@@ -115,7 +117,11 @@ func TestIntegrationBrokerBlockedUnderLoad(t *testing.T) {
 	)
 	rmq := testenv.MustRabbitMQ(t, testenv.RabbitMQOptions{})
 	w := newWorld(t, worldOptions{Broker: rmq})
-	p := w.startProcess(processOptions{Race: true})
+	// A heartbeat of 3 s: the client gives up on a broker silent for three
+	// of them (9 s), well within the alarm. Reads must go on while writes
+	// are blocked (coalesce.Conn moves the read deadline; amqp091-go's own
+	// mover waits behind the blocked write).
+	p := w.startProcess(processOptions{Race: true, Extra: map[string]string{"AMQP_HEARTBEAT": "3s"}})
 	testenv.WaitSlotActive(t, w.db, slotName, time.Minute)
 	waitFor(t, "relay ready", 30*time.Second, func() bool { code, _ := p.readyz(t); return code == http.StatusOK })
 	ctx := context.Background()

@@ -186,6 +186,21 @@ func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
 	}
 }
 
+// unblock forgets a block when the session ends: the connection that was
+// blocked is gone, and the next one hears of an alarm afresh (a broker
+// sends connection.blocked to a connection that publishes during one).
+// Without it a session that ended while blocked would leave the gauge and
+// /readyz saying blocked for good.
+func (p *Publisher) unblock() {
+	if !p.blocked.Swap(false) {
+		return
+	}
+	p.Metrics.blocked.Set(0)
+	if p.OnBlocked != nil {
+		p.OnBlocked(false, "")
+	}
+}
+
 // laneClosed is the error of a lane whose channel closed, with the
 // broker's reason when it gave one.
 func laneClosed(l *lane) error {

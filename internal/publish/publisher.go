@@ -197,6 +197,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	// flight any more once it is gone.
 	p.Metrics.inFlight.Set(0)
 	defer p.Metrics.inFlight.Set(0)
+	defer p.unblock()
 
 	g, gctx := errgroup.WithContext(ctx)
 	defer p.link.abortIfStuck(gctx)()
