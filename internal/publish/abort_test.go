@@ -28,9 +28,9 @@ import (
 // blockedBroker starts a private broker node with an exchange bound to a
 // queue (no returns: every message is routable) and raises its memory
 // alarm; the node is unblocked and stopped when the test ends.
-func blockedBroker(t *testing.T) (nodeURL, exchange string) {
+func blockedBroker(t *testing.T) (rmq *testenv.RabbitMQ, exchange string) {
 	t.Helper()
-	rmq := testenv.MustRabbitMQ(t, testenv.RabbitMQOptions{})
+	rmq = testenv.MustRabbitMQ(t, testenv.RabbitMQOptions{})
 	exchange = testenv.UniqueName("cdcrelay.abort")
 	// A connection of its own, closed before the test: the goroutine checks
 	// must find no amqp091-go goroutine but the link's.
@@ -62,7 +62,24 @@ func blockedBroker(t *testing.T) (nodeURL, exchange string) {
 			t.Logf("clear the memory alarm: %v", err)
 		}
 	})
-	return rmq.URL(), exchange
+	return rmq, exchange
+}
+
+// freeze makes a blocked broker silent as well (a hung node): it sends no
+// heartbeat, so amqp091-go gives up on the connection after three of them.
+// A broker that is only blocked keeps sending heartbeats, and the link
+// keeps waiting for it (coalesce.Conn moves the read deadline). The node is
+// thawed before the test's other clean-ups, which need it answering.
+func freeze(t *testing.T, rmq *testenv.RabbitMQ) {
+	t.Helper()
+	if err := rmq.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := rmq.Thaw(); err != nil {
+			t.Errorf("thaw the broker: %v", err)
+		}
+	})
 }
 
 // stuckLink dials a broker whose memory alarm is raised: it stops reading
@@ -147,14 +164,16 @@ func abortTestFeed(ctx context.Context, in chan<- wal.Event) {
 	}
 }
 
-// TestIntegrationPublisherFailureAbortsAStuckSocket: amqp091-go gives up on the
-// connection when heartbeats stop (its heartbeater waits for the send lock
-// the blocked publish holds), which fails the publisher; the publisher must
-// then return without waiting for the broker to read again.
+// TestIntegrationPublisherFailureAbortsAStuckSocket: a publish is stuck in
+// the socket write of a blocked broker, which then hangs: amqp091-go gives
+// up on the connection when heartbeats stop, which fails the publisher;
+// the publisher must then return without waiting for the broker to read
+// again.
 func TestIntegrationPublisherFailureAbortsAStuckSocket(t *testing.T) {
-	nodeURL, exchange := blockedBroker(t)
-	l := stuckLink(t, nodeURL, time.Second)
+	rmq, exchange := blockedBroker(t)
+	l := stuckLink(t, rmq.URL(), time.Second)
 	done := startStuckPublisher(t, context.Background(), l, exchange)
+	freeze(t, rmq)
 	blocked := time.Now()
 	select {
 	case err := <-done:
@@ -175,10 +194,11 @@ func TestIntegrationPublisherFailureAbortsAStuckSocket(t *testing.T) {
 // returns at once without closing anything. Close must still end the
 // connection, which lets the publisher return.
 func TestIntegrationLinkCloseAbortsAStuckSocket(t *testing.T) {
-	nodeURL, exchange := blockedBroker(t)
-	l := stuckLink(t, nodeURL, time.Second)
+	rmq, exchange := blockedBroker(t)
+	l := stuckLink(t, rmq.URL(), time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := startStuckPublisher(t, ctx, l, exchange)
+	freeze(t, rmq)
 	cancel()
 	waitUntil(t, 30*time.Second, "amqp091-go to start its shutdown", l.Conn.IsClosed)
 	select {
