@@ -14,12 +14,18 @@ import (
 // session advisory lock (the slot lock, the monitor lock): the server
 // notices within about 25 s a holder whose host vanished without closing
 // its socket, instead of the operating system's two hours, so the lock
-// does not stay with it. Pass them to Config.
+// does not stay with it. No statement or lock timeout applies from the
+// start either: a role's statement_timeout of a millisecond could
+// otherwise cancel Hold's own SET on a busy server, before it takes
+// effect (parameters of the connection request override the role's and
+// the database's defaults). Pass them to Config.
 func Keepalives() map[string]string {
 	return map[string]string{
 		"tcp_keepalives_idle":     "10",
 		"tcp_keepalives_interval": "5",
 		"tcp_keepalives_count":    "3",
+		"statement_timeout":       "0",
+		"lock_timeout":            "0",
 	}
 }
 
