@@ -355,27 +355,6 @@ func (r *RabbitMQ) killLocked() {
 	r.proc = nil
 }
 
-// Freeze stops every process of the node (SIGSTOP to its process group), as
-// a hung broker: its sockets stay open, and it neither reads nor sends,
-// heartbeats included. Thaw resumes it.
-func (r *RabbitMQ) Freeze() error { return r.signal(syscall.SIGSTOP) }
-
-// Thaw resumes a frozen node (SIGCONT).
-func (r *RabbitMQ) Thaw() error { return r.signal(syscall.SIGCONT) }
-
-func (r *RabbitMQ) signal(sig syscall.Signal) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.proc == nil {
-		return errors.New("rabbitmq node is not running")
-	}
-	// The negative pid is the node's own process group (Setpgid above).
-	if err := syscall.Kill(-r.proc.Process.Pid, sig); err != nil {
-		return fmt.Errorf("signal rabbitmq node %s: %w", r.node, err)
-	}
-	return nil
-}
-
 // Start starts a stopped node again on the same port with the same data
 // directory, and waits until it accepts AMQP connections.
 func (r *RabbitMQ) Start(ctx context.Context) error {
