@@ -61,10 +61,7 @@ func (w *world) loadPadded(total, rate, txSize, bigEvery, pad int) *loader {
 				}
 				return
 			}
-			l.mu.Lock()
-			l.commits = append(l.commits, commit{at: time.Now(), ids: ids})
-			l.events += len(ids)
-			l.mu.Unlock()
+			l.record(ids)
 			next = next.Add(interval)
 			if d := time.Until(next); d > 0 {
 				sleepCtx(ctx, d)

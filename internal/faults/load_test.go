@@ -76,6 +76,14 @@ type loader struct {
 	cancel  context.CancelFunc
 }
 
+// record adds one committed transaction's ids.
+func (l *loader) record(ids []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.commits = append(l.commits, commit{at: time.Now(), ids: ids})
+	l.events += len(ids)
+}
+
 // load inserts total events in transactions of txSize at about rate events
 // per second.
 func (w *world) load(total, rate, txSize int) *loader {
@@ -116,10 +124,7 @@ func (w *world) load(total, rate, txSize int) *loader {
 				sleepCtx(ctx, 100*time.Millisecond)
 				continue
 			}
-			l.mu.Lock()
-			l.commits = append(l.commits, commit{at: time.Now(), ids: ids})
-			l.events += len(ids)
-			l.mu.Unlock()
+			l.record(ids)
 			next = next.Add(interval)
 			if d := time.Until(next); d > 0 {
 				sleepCtx(ctx, d)
