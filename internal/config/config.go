@@ -77,6 +77,7 @@ type Config struct {
 	MonitorInterval   time.Duration `env:"MONITOR_INTERVAL, default=15s"`
 	StandbyRetry      time.Duration `env:"STANDBY_RETRY, default=2s"` // only for a slot held outside the slot lock: a standby waits on the lock, it never polls
 	SlotLost          string        `env:"SLOT_LOST, default=recreate"`
+	SlotFailover      string        `env:"SLOT_FAILOVER, default=auto"`
 	LockDatabase      string        `env:"LOCK_DATABASE, default=postgres"` // where the slot lock is held and waited for
 
 	Poison             string   `env:"POISON, default=park"`
@@ -335,6 +336,9 @@ func (c *Config) validate() []string {
 	if c.SlotLost != SlotLostRecreate && c.SlotLost != SlotLostStop {
 		bad("SLOT_LOST", "%q: want %s or %s", c.SlotLost, SlotLostRecreate, SlotLostStop)
 	}
+	if c.SlotFailover != SlotFailoverAuto && c.SlotFailover != SlotFailoverOn && c.SlotFailover != SlotFailoverOff {
+		bad("SLOT_FAILOVER", "%q: want %s, %s or %s", c.SlotFailover, SlotFailoverAuto, SlotFailoverOn, SlotFailoverOff)
+	}
 	if c.Poison != PoisonPark && c.Poison != PoisonStop {
 		bad("POISON", "%q: want %s or %s", c.Poison, PoisonPark, PoisonStop)
 	}
@@ -405,6 +409,15 @@ func (c *Config) Level() (slog.Level, error) {
 const (
 	SlotLostRecreate = "recreate" // drop it, create a new one and publish unpublished rows from its snapshot
 	SlotLostStop     = "stop"     // exit with an error and leave the slot for an operator
+)
+
+// Whether the slot is a failover slot (PostgreSQL 17+), which standbys
+// with sync_replication_slots keep in step, so that after a promotion the
+// relay resumes where it was instead of adopting the backlog again.
+const (
+	SlotFailoverAuto = "auto" // a failover slot where the server is 17+ and a primary
+	SlotFailoverOn   = "on"   // a failover slot; a server that cannot keep one is an error
+	SlotFailoverOff  = "off"  // a slot without failover (an existing failover slot is converted back)
 )
 
 // What to do with a poison event (one that can never become a valid message).

@@ -109,7 +109,10 @@ func TestSettleMarked(t *testing.T) {
 		mk("gone", 11, true),
 	}
 	unseen := map[string]bool{"running": true, "now-visible": true, "snapshot-row": true, "gone": true}
-	again := j.settleMarked(batch, unseen, map[uint32]bool{8: true}, true)
+	ready, again := j.settleMarked(batch, unseen, map[uint32]bool{8: true}, true)
+	for _, e := range ready { // flushMarks calls them once the standbys have the marks
+		e.done()
+	}
 	if got := ids(again); len(got) != 3 || got[0] != "running" || got[1] != "now-visible" || got[2] != "snapshot-row" {
 		t.Fatalf("tried again: %v", got)
 	}
@@ -125,8 +128,8 @@ func TestSettleMarked(t *testing.T) {
 	}
 	// Asking failed: no row becomes visible, none is gone.
 	done = nil
-	again = j.settleMarked([]entry{mk("unknown", 12, false)}, map[string]bool{"unknown": true}, nil, false)
-	if len(again) != 1 || again[0].visible || len(done) != 0 {
+	ready, again = j.settleMarked([]entry{mk("unknown", 12, false)}, map[string]bool{"unknown": true}, nil, false)
+	if len(again) != 1 || again[0].visible || len(done) != 0 || len(ready) != 0 {
 		t.Fatalf("after a failed question: again %v (visible %v), done %v", ids(again), again[0].visible, done)
 	}
 }

@@ -102,8 +102,17 @@ func (j *Janitor) flushMarks(ctx context.Context) error {
 			return err
 		}
 		running, err := j.stillRunning(ctx, batch, unseen)
-		again := j.settleMarked(batch, unseen, running, err == nil)
+		ready, again := j.settleMarked(batch, unseen, running, err == nil)
 		later = append(later, again...)
+		if werr := j.awaitStandbys(ctx); werr != nil {
+			// Marked, but perhaps not on the standbys: written again (a
+			// no-op) and released by a later flush.
+			j.settle(len(batch)-len(again), ready, nil)
+			return werr
+		}
+		for _, e := range ready {
+			e.done()
+		}
 		j.settle(len(batch)-len(again), nil, nil)
 		if err != nil {
 			return err
@@ -170,23 +179,23 @@ func (j *Janitor) markBatch(ctx context.Context, batch []entry) (map[string]bool
 	return unseen, nil
 }
 
-// settleMarked calls done for the entries whose rows are marked (the
-// UPDATE has committed: it ran outside any transaction) and for those
-// gone: not found by a flush that ran after their transaction was seen
-// visible to new snapshots. A row whose transaction is still running
-// (running, asked after this flush: known false when asking failed) is
-// waited for however long that takes; one whose transaction is visible now
-// gets one more flush, whose snapshot is newer. It returns the entries to
-// try later.
-func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool, running map[uint32]bool, known bool) (again []entry) {
+// settleMarked returns as ready the entries whose rows are marked (the
+// UPDATE has committed: it ran outside any transaction) and those gone:
+// not found by a flush that ran after their transaction was seen visible
+// to new snapshots; flushMarks calls their done. A row whose transaction
+// is still running (running, asked after this flush: known false when
+// asking failed) is waited for however long that takes; one whose
+// transaction is visible now gets one more flush, whose snapshot is newer.
+// Those are returned as again, to try later.
+func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool, running map[uint32]bool, known bool) (ready, again []entry) {
 	gone := 0
 	for _, e := range batch {
 		switch {
 		case !unseen[e.id]:
-			e.done()
+			ready = append(ready, e)
 		case e.visible:
 			gone++
-			e.done()
+			ready = append(ready, e)
 		default:
 			e.visible = known && (e.xid == 0 || !running[e.xid])
 			again = append(again, e)
@@ -196,7 +205,7 @@ func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool, running ma
 		j.metrics.gone.Add(float64(gone))
 		j.log.Info("acked events' rows not found although their transactions are visible; counted as deleted", "events", gone)
 	}
-	return again
+	return ready, again
 }
 
 // flushParked records parked events, one statement per row (poison is

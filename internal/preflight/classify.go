@@ -27,6 +27,7 @@ const (
 	checkMapping     = "mapping"
 	checkPublication = "publication"
 	checkSlot        = "slot"
+	checkFailover    = "failover"
 	checkBroker      = "broker"
 	checkExchange    = "exchange"
 )

@@ -106,6 +106,11 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 		sl.noReplication = roleOK.ok() && !role.super && !role.replication && !role.rdsReplication
 		fs = append(fs, classifySlot(t, sl))
 	}
+	if ff, err := s.failover(ctx, cfg.SlotFailover); err != nil {
+		fs = append(fs, failed(checkFailover, "read the server's failover settings", err))
+	} else {
+		fs = append(fs, classifyFailover(t, ff)...)
+	}
 	if others, err := s.otherSlots(ctx); err != nil {
 		fs = append(fs, failed(checkOtherSlots, "list the other replication slots of database "+t.database, err))
 	} else {

@@ -10,6 +10,7 @@ type metrics struct {
 	slotLost        prometheus.Counter
 	backfilled      prometheus.Counter
 	role            *prometheus.GaugeVec
+	timeline        prometheus.Gauge
 
 	// brokerNodeSwitches counts sessions on another broker node than the
 	// session before (CDCRELAY_AMQP_URL lists several).
@@ -42,6 +43,11 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 			// progressing (CdcrelayNoStreamingRelay holds off meanwhile).
 			ConstLabels: prometheus.Labels{"slot": slotName},
 		}),
+		timeline: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "cdcrelay_postgres_timeline",
+			Help:        "Timeline of the PostgreSQL server the replication connection reached last; it changes when a standby is promoted.",
+			ConstLabels: prometheus.Labels{"slot": slotName},
+		}),
 		role: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name:        "cdcrelay_role",
 			Help:        "1 for the role this relay has now: streaming (holds the slot), standby (waits for it) or starting.",
@@ -56,7 +62,7 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 		m.connectFailures.WithLabelValues(side)
 		m.reconnects.WithLabelValues(side)
 	}
-	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.brokerNodeSwitches, m.slotLost, m.backfilled, m.role)
+	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.brokerNodeSwitches, m.slotLost, m.backfilled, m.role, m.timeline)
 	return m
 }
 

@@ -78,6 +78,9 @@ type Relay struct {
 	// publication no longer lists them, since their inserts may still lie
 	// ahead in the slot (unknown.go).
 	unknown map[uint32]string
+	// system is the database system and timeline the last session's
+	// replication connection reached (noteSystem); Run goroutine only.
+	system slot.System
 
 	role     atomic.Int32
 	alive    atomic.Int64           // unix nanos of the reader's last turn (touch)

@@ -63,6 +63,13 @@ func (r *Relay) session(ctx context.Context) (err error) {
 		}
 	}
 	defer closeDB()
+	server, err := slot.ReadServer(work, db)
+	if err != nil {
+		return err
+	}
+	if _, err := wantFailover(r.cfg.SlotFailover, server); err != nil {
+		return err
+	}
 	info, interval, adopting, err := r.prepare(work, db)
 	if err != nil {
 		return err
@@ -78,6 +85,13 @@ func (r *Relay) session(ctx context.Context) (err error) {
 		defer cancel()
 		_ = repl.Close(cctx)
 	}()
+	// Before any slot is created: a replication command ends the snapshot
+	// a new slot exports.
+	sys, err := slot.Identify(work, repl)
+	if err != nil {
+		return err
+	}
+	r.noteSystem(sys, info)
 
 	// The broker is needed from here on: by the adoption, which publishes
 	// the backlog before streaming, and by the stream.
@@ -91,6 +105,9 @@ func (r *Relay) session(ctx context.Context) (err error) {
 		if start, err = r.adopt(work, db, repl, link, adopting); err != nil {
 			return err
 		}
+	}
+	if err := r.applyFailover(work, db, repl, server, info); err != nil {
+		return err
 	}
 	closeDB()
 	if err := r.startReplication(work, repl); err != nil {
@@ -112,9 +129,9 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 	case info.Lost:
 		r.metrics.slotLost.Inc()
 		if r.cfg.SlotLost == config.SlotLostStop {
-			return info, 0, false, fmt.Errorf("%w: slot %s has wal_status=lost (max_slot_wal_keep_size); events committed after its position may never have been published; set CDCRELAY_SLOT_LOST=recreate to recreate it and publish every row with published_at IS NULL", slot.ErrSlotLost, r.cfg.Slot)
+			return info, 0, false, fmt.Errorf("%w: slot %s was invalidated (%s); events committed after its position may never have been published; set CDCRELAY_SLOT_LOST=recreate to recreate it and publish every row with published_at IS NULL", slot.ErrSlotLost, r.cfg.Slot, info.Invalidation)
 		}
-		r.log.Error("replication slot was invalidated (wal_status=lost); recreating it and publishing every unpublished row from its snapshot", "confirmed_flush", info.ConfirmedFlush)
+		r.log.Error("replication slot was invalidated; recreating it and publishing every unpublished row from its snapshot", "reason", info.Invalidation, "confirmed_flush", info.ConfirmedFlush)
 	case info.Adopting:
 		// The marker outlives only a relay that died while publishing the
 		// backlog: a live adopter of this version holds the slot lock, which

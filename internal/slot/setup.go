@@ -35,8 +35,15 @@ type Target struct {
 type Info struct {
 	Exists         bool
 	Active         bool // a walsender holds it (another relay streams)
-	Lost           bool // wal_status = lost: invalidated by max_slot_wal_keep_size
+	Lost           bool // invalidated: wal_status = lost (max_slot_wal_keep_size), or a recovery conflict (16+)
 	ConfirmedFlush pglogrepl.LSN
+	// Failover: a failover slot (17+), kept in step on standbys with
+	// sync_replication_slots. Synced: it was synchronized from a primary;
+	// on a primary that means this server was promoted since.
+	Failover, Synced bool
+	// Invalidation says why PostgreSQL invalidated the slot, when it did:
+	// invalidation_reason (17+), "conflicting" (16) or "wal_status lost".
+	Invalidation string
 	// Adopting is set when an adoption marker exists: a relay created the
 	// slot and had not finished publishing the snapshot's backlog.
 	Adopting bool
@@ -87,13 +94,18 @@ func StatusInterval(ctx context.Context, db *pgx.Conn, limit time.Duration) (tim
 // Inspect reads the slot's state and refuses a slot of another kind.
 func Inspect(ctx context.Context, db *pgx.Conn, t Target) (Info, error) {
 	var info Info
-	var plugin, slotType, walStatus, confirmed *string
-	var sameDB *bool
+	var plugin, slotType, walStatus, confirmed, reason *string
+	var sameDB, conflicting, failover, synced *bool
+	// The columns PostgreSQL added after 13 are read through to_jsonb, so
+	// one statement serves every version: a missing one is NULL.
 	err := db.QueryRow(ctx, `
 		SELECT plugin, slot_type, database = current_database(), active, confirmed_flush_lsn::text, wal_status,
-		       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2)
-		FROM pg_replication_slots WHERE slot_name = $1`, t.Slot, MarkerName(t.Slot)).
-		Scan(&plugin, &slotType, &sameDB, &info.Active, &confirmed, &walStatus, &info.Adopting)
+		       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2),
+		       (to_jsonb(s)->>'conflicting')::bool, to_jsonb(s)->>'invalidation_reason',
+		       (to_jsonb(s)->>'failover')::bool, (to_jsonb(s)->>'synced')::bool
+		FROM pg_replication_slots s WHERE slot_name = $1`, t.Slot, MarkerName(t.Slot)).
+		Scan(&plugin, &slotType, &sameDB, &info.Active, &confirmed, &walStatus, &info.Adopting,
+			&conflicting, &reason, &failover, &synced)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, MarkerName(t.Slot)).Scan(&info.Adopting)
 		if err != nil {
@@ -111,7 +123,9 @@ func Inspect(ctx context.Context, db *pgx.Conn, t Target) (Info, error) {
 	case sameDB == nil || !*sameDB:
 		return info, fmt.Errorf("%w: slot %s belongs to another database", ErrSlotMismatch, t.Slot)
 	}
-	info.Lost = deref(walStatus) == "lost"
+	info.Failover, info.Synced = derefBool(failover), derefBool(synced)
+	info.Invalidation = invalidation(deref(walStatus), derefBool(conflicting), deref(reason))
+	info.Lost = info.Invalidation != ""
 	if confirmed != nil {
 		if info.ConfirmedFlush, err = pglogrepl.ParseLSN(*confirmed); err != nil {
 			return info, fmt.Errorf("parse confirmed_flush_lsn %q: %w", *confirmed, err)
@@ -170,6 +184,24 @@ func pgCode(err error) string {
 	}
 	return ""
 }
+
+// invalidation names why a slot is unusable, "" when it is not: a slot
+// whose WAL was removed (wal_status lost, every version), or, on a standby
+// or a promoted one, whose catalog rows were vacuumed away (16's
+// conflicting, 17's invalidation_reason, which names both and more).
+func invalidation(walStatus string, conflicting bool, reason string) string {
+	switch {
+	case reason != "":
+		return reason
+	case conflicting:
+		return "conflicting"
+	case walStatus == "lost":
+		return "wal_status lost"
+	}
+	return ""
+}
+
+func derefBool(b *bool) bool { return b != nil && *b }
 
 func deref(s *string) string {
 	if s == nil {
