@@ -59,6 +59,9 @@ type Postgres struct {
 	dataDir string
 	port    int
 	cred    *syscall.Credential // non-nil when we must drop root privileges
+	// settings are the extra settings the cluster was started with; a
+	// standby made from it (StartStandby) starts with them too.
+	settings map[string]string
 }
 
 // StartPostgres initialises a new cluster in a temporary directory, starts it
@@ -100,6 +103,13 @@ func (p *Postgres) initAndStart(ctx context.Context, settings map[string]string)
 	if err := p.includeSettingsFile(); err != nil {
 		return err
 	}
+	return p.startOnFreePort(ctx, settings)
+}
+
+// startOnFreePort writes the settings file for a free port and starts the
+// server there, picking another port when someone else took the first.
+func (p *Postgres) startOnFreePort(ctx context.Context, settings map[string]string) error {
+	p.settings = settings
 	var lastErr error
 	for range portAttempts {
 		port, err := freePort()
@@ -221,10 +231,17 @@ func (p *Postgres) Close() error {
 func (p *Postgres) logPath() string { return filepath.Join(p.dataDir, serverLogName) }
 
 func (p *Postgres) initdb(ctx context.Context) error {
+	major, err := p.Major()
+	if err != nil {
+		return err
+	}
 	// --locale=C keeps the cluster independent of whatever locales the host
 	// has installed, and keeps server messages in English for isPortClash.
-	_, err := p.run(ctx, "initdb", "initdb", "-D", p.dataDir, "-U", "postgres", "--auth=trust",
-		"-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
+	args := []string{"-D", p.dataDir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"}
+	if major >= 14 { // initdb of 13 refuses --no-instructions
+		args = append(args, "--no-instructions")
+	}
+	_, err = p.run(ctx, "initdb", "initdb", args...)
 	return err
 }
 
