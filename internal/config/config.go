@@ -32,11 +32,16 @@ const Prefix = "CDCRELAY_"
 type Config struct {
 	DatabaseURL     string `env:"DATABASE_URL"`
 	DatabaseURLFile string `env:"DATABASE_URL_FILE"`
-	AMQPURL         string `env:"AMQP_URL"`
-	AMQPURLFile     string `env:"AMQP_URL_FILE"`
-	AMQPTLSCA       string `env:"AMQP_TLS_CA"`   // PEM file with the CA(s) that sign the broker's certificate
-	AMQPTLSCert     string `env:"AMQP_TLS_CERT"` // PEM client certificate, for brokers that require one
-	AMQPTLSKey      string `env:"AMQP_TLS_KEY"`  // PEM key of the client certificate
+	// ReplicationURL, when set, puts the replication connection and the
+	// slot on a physical standby of DATABASE_URL's primary (PostgreSQL
+	// 16+), so the primary does no logical decoding.
+	ReplicationURL     string `env:"REPLICATION_URL"`
+	ReplicationURLFile string `env:"REPLICATION_URL_FILE"`
+	AMQPURL            string `env:"AMQP_URL"`
+	AMQPURLFile        string `env:"AMQP_URL_FILE"`
+	AMQPTLSCA          string `env:"AMQP_TLS_CA"`   // PEM file with the CA(s) that sign the broker's certificate
+	AMQPTLSCert        string `env:"AMQP_TLS_CERT"` // PEM client certificate, for brokers that require one
+	AMQPTLSKey         string `env:"AMQP_TLS_KEY"`  // PEM key of the client certificate
 	// AMQPManagementURL is the RabbitMQ management API, read by check only:
 	// AMQP cannot list bindings, queue arguments or policies.
 	AMQPManagementURL string `env:"AMQP_MANAGEMENT_URL"`
@@ -241,6 +246,7 @@ func (c *Config) resolveFiles() []string {
 		*value = strings.TrimSpace(string(b))
 	}
 	read("DATABASE_URL", &c.DatabaseURL, c.DatabaseURLFile)
+	read("REPLICATION_URL", &c.ReplicationURL, c.ReplicationURLFile)
 	read("AMQP_URL", &c.AMQPURL, c.AMQPURLFile)
 	return problems
 }
@@ -266,6 +272,14 @@ func (c *Config) validate() []string {
 		bad("DATABASE_URL", "required (or set %sDATABASE_URL_FILE)", Prefix)
 	} else if _, err := pgconn.ParseConfig(c.DatabaseURL); err != nil {
 		bad("DATABASE_URL", "not a valid PostgreSQL connection string")
+	}
+	if c.ReplicationURL != "" {
+		if _, err := pgconn.ParseConfig(c.ReplicationURL); err != nil {
+			bad("REPLICATION_URL", "not a valid PostgreSQL connection string")
+		}
+		if c.SlotFailover == SlotFailoverOn {
+			bad("SLOT_FAILOVER", "on with %sREPLICATION_URL: the slot is on a standby, and PostgreSQL refuses failover for a slot created on a standby; set it to auto or off", Prefix)
+		}
 	}
 	p = append(p, c.checkAMQPURL()...) // one node or several (amqpnodes.go)
 	if c.AMQPManagementURL != "" {

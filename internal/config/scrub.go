@@ -31,7 +31,7 @@ type secret struct{ find, replace string }
 // before a shorter one it contains.
 func (c Config) secrets() []secret {
 	var out []secret
-	raws := []string{c.DatabaseURL, c.AMQPURL, c.AMQPManagementURL}
+	raws := []string{c.DatabaseURL, c.ReplicationURL, c.AMQPURL, c.AMQPManagementURL}
 	if nodes := c.AMQPNodes(); len(nodes) > 1 {
 		// A library quotes the URL it dialed: one node's, not the list.
 		raws = append(raws, nodes...)

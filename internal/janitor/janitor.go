@@ -24,11 +24,15 @@ import (
 
 // Options configure a Janitor.
 type Options struct {
-	DatabaseURL   string
-	Schema, Table string
-	IDColumn      string
-	MarkInterval  time.Duration // how often queued marks are written
-	MarkBatch     int           // ids per UPDATE
+	DatabaseURL string
+	// SlotDatabaseURL, when set, is the standby that holds the slot
+	// (CDCRELAY_REPLICATION_URL): marks are confirmed only once it shows
+	// them (replica.go).
+	SlotDatabaseURL string
+	Schema, Table   string
+	IDColumn        string
+	MarkInterval    time.Duration // how often queued marks are written
+	MarkBatch       int           // ids per UPDATE
 	// MaxPending bounds the marks queued and not yet written (default
 	// 10,000). At the bound Mark waits, which stops the publisher's
 	// confirm loop and so the publisher: back-pressure, never a drop.
@@ -89,13 +93,17 @@ type Janitor struct {
 	stopping chan struct{}
 
 	// Only the Run goroutine uses the fields below.
-	db        *pgx.Conn
-	lastWork  time.Time
-	retryAt   time.Time     // no attempt before this after a failure
-	backoff   time.Duration // the last wait; zero after a success
-	markSQL   string        // built with the id column's type; rebuilt when it goes stale
-	parkSQL   string
-	parkNoted bool // a park that could not be recorded was reported
+	db       *pgx.Conn
+	lastWork time.Time
+	retryAt  time.Time     // no attempt before this after a failure
+	backoff  time.Duration // the last wait; zero after a success
+	markSQL  string        // built with the id column's type; rebuilt when it goes stale
+	parkSQL  string
+	// replica is the connection to SlotDatabaseURL, replicaSQL its
+	// question (replica.go).
+	replica    *pgx.Conn
+	replicaSQL string
+	parkNoted  bool // a park that could not be recorded was reported
 }
 
 // New returns a Janitor; its metrics are registered with reg.

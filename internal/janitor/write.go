@@ -54,6 +54,7 @@ func (j *Janitor) connect(ctx context.Context) error {
 }
 
 func (j *Janitor) closeDB() {
+	j.closeReplica()
 	if j.db != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -104,7 +105,11 @@ func (j *Janitor) flushMarks(ctx context.Context) error {
 		running, err := j.stillRunning(ctx, batch, unseen)
 		ready, again := j.settleMarked(batch, unseen, running, err == nil)
 		later = append(later, again...)
-		if werr := j.awaitStandbys(ctx); werr != nil {
+		werr := j.awaitStandbys(ctx)
+		if werr == nil {
+			werr = j.awaitReplica(ctx, readyIDs(ready))
+		}
+		if werr != nil {
 			// Marked, but perhaps not on the standbys: written again (a
 			// no-op) and released by a later flush.
 			j.settle(len(batch)-len(again), ready, nil)
@@ -177,6 +182,14 @@ func (j *Janitor) markBatch(ctx context.Context, batch []entry) (map[string]bool
 		unseen[id] = true
 	}
 	return unseen, nil
+}
+
+func readyIDs(es []entry) []string {
+	ids := make([]string, len(es))
+	for i, e := range es {
+		ids[i] = e.id
+	}
+	return ids
 }
 
 // settleMarked returns as ready the entries whose rows are marked (the
@@ -266,7 +279,7 @@ func (j *Janitor) forgetStale(err error) {
 	case pgerr.UndefinedFunction, // operator does not exist: the column is not of the cast type any more
 		pgerr.DatatypeMismatch,    // datatype mismatch
 		pgerr.FeatureNotSupported: // cached plan must not change result type
-		j.markSQL, j.parkSQL = "", ""
+		j.markSQL, j.parkSQL, j.replicaSQL = "", "", ""
 		j.log.Info("the outbox id column's type changed; rebuilding the janitor's statements", "error", err)
 	}
 }
@@ -312,6 +325,7 @@ func (j *Janitor) statements(ctx context.Context) error {
 	// each batch of a backlog of n rows would read all n of them. Without
 	// that index to choose, it matches the ids through the primary key, or
 	// on a small table in one pass over it (TestIntegrationMarkStatementPlan).
+	j.replicaSQL = replicaQuestion(table, id, typ)
 	j.markSQL = fmt.Sprintf(`WITH marked AS (
 			UPDATE %[1]s SET published_at = now() WHERE %[2]s = ANY($1::%[3]s[]) AND (published_at IS NULL) IS NOT FALSE RETURNING %[4]s AS id),
 		n AS (SELECT count(*) AS c, %[5]s AS d FROM marked)

@@ -17,14 +17,17 @@ import (
 
 // adopt creates the slot and publishes every row with published_at IS NULL
 // from its exported snapshot before streaming starts (docs/architecture.md invariant
-// 7). It returns the slot's consistent point.
-func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, link *publish.Link, locked bool) (pglogrepl.LSN, error) {
+// 7). It returns the slot's consistent point. db is the primary, sdb the
+// server that holds the slot (the same connection without
+// CDCRELAY_REPLICATION_URL): the marker, the slot and the snapshot's
+// backlog are on sdb, the marks go to the primary through the janitor.
+func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgConn, link *publish.Link, locked bool) (pglogrepl.LSN, error) {
 	if !locked {
-		if err := slot.BeginAdoption(ctx, db, r.cfg.Slot); err != nil {
+		if err := slot.BeginAdoption(ctx, sdb, r.cfg.Slot); err != nil {
 			return 0, err
 		}
 	}
-	created, err := r.createSlot(ctx, db, repl)
+	created, err := r.createSlot(ctx, db, sdb, repl)
 	if err != nil {
 		return 0, err
 	}
@@ -49,7 +52,9 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	publisher := publish.NewPublisher(link, events, backlogAcks, budget, r.publisherConfig())
 	g.Go(func() error {
 		var err error
-		n, err = slot.Backfill(gctx, db, created, r.mapping, seq, rows)
+		// The exported snapshot is the slot server's: a standby's cannot
+		// be imported on the primary.
+		n, err = slot.Backfill(gctx, sdb, created, r.mapping, seq, rows)
 		return err
 	})
 	g.Go(func() error { return r.budgeted(gctx, budget, rows, events) })
@@ -66,7 +71,7 @@ func (r *Relay) adopt(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, li
 	if backlogAcks.wait(ctx); ctx.Err() != nil {
 		return 0, ctx.Err()
 	}
-	if err := slot.EndAdoption(ctx, db, r.cfg.Slot); err != nil {
+	if err := slot.EndAdoption(ctx, sdb, r.cfg.Slot); err != nil {
 		return 0, err
 	}
 	r.log.Info("published the backlog", "events", n, "took", time.Since(began).Round(time.Millisecond))

@@ -118,7 +118,11 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	// transaction until the backlog is published (adoption); slot creation
 	// itself waits for every open transaction. A role's timeouts must end
 	// neither: the relay reports what it waits for instead.
-	cfg, err := pgconnect.ReplicationConfig(r.cfg.DatabaseURL, replicationParams)
+	url := r.cfg.DatabaseURL
+	if r.cfg.ReplicationURL != "" {
+		url = r.cfg.ReplicationURL // the slot is on a standby (standby.go)
+	}
+	cfg, err := pgconnect.ReplicationConfig(url, replicationParams)
 	if err != nil {
 		return nil, err
 	}

@@ -62,8 +62,23 @@ const (
 // it up indefinitely. Meanwhile the relay reports what it waits for, on db
 // (idle then: it only holds the slot lock). ctx ending cancels the wait on
 // the server, so the walsender drops the half-made slot and stops waiting.
-func (r *Relay) createSlot(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn) (slot.Created, error) {
-	stopWatch := r.watchCreate(ctx, db, repl)
+func (r *Relay) createSlot(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgConn) (slot.Created, error) {
+	var stopWatch func()
+	if sdb != db {
+		// On a standby the wait is for the primary's next running-xacts
+		// record, which the relay asks for (standby.go); bounded, since a
+		// primary that never writes one (no grant, a wedged link) would
+		// otherwise hold the session forever without a word in the log.
+		if err := r.awaitReplay(ctx, db, sdb); err != nil {
+			return slot.Created{}, err
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, standbyCreateWait, errStandbyCreate)
+		defer cancel()
+		stopWatch = r.nudgeStandby(ctx, db)
+	} else {
+		stopWatch = r.watchCreate(ctx, db, repl)
+	}
 	defer stopWatch()
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -80,10 +95,16 @@ func (r *Relay) createSlot(ctx context.Context, db *pgx.Conn, repl *pgconn.PgCon
 	defer stopCancel()
 	created, err := slot.Create(cctx, repl, r.cfg.Slot)
 	if ctx.Err() != nil {
-		return slot.Created{}, ctx.Err()
+		return slot.Created{}, context.Cause(ctx)
 	}
 	return created, err
 }
+
+// standbyCreateWait bounds slot creation on a standby; the session then
+// fails and the next one tries again.
+const standbyCreateWait = 2 * time.Minute
+
+var errStandbyCreate = fmt.Errorf("creating the slot on the standby did not finish within %s: the primary wrote no running-xacts record the standby replayed (grant EXECUTE on pg_log_standby_snapshot(), and check that the standby streams)", standbyCreateWait)
 
 // watchCreate reports, while slot creation waits, the transactions it waits
 // for: a log line after createReportAfter and every createReportEvery, and

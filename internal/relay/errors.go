@@ -20,7 +20,7 @@ func IsFatal(err error) bool {
 	if err == nil {
 		return false
 	}
-	for _, e := range []error{wal.ErrUnsupported, wal.ErrProtocol, wal.ErrSchema, wal.ErrMalformed, slot.ErrSlotMismatch, slot.ErrSlotLost, slot.ErrFailoverUnsupported, slot.ErrPublication, publish.ErrPoison} {
+	for _, e := range []error{wal.ErrUnsupported, wal.ErrProtocol, wal.ErrSchema, wal.ErrMalformed, slot.ErrSlotMismatch, slot.ErrSlotLost, slot.ErrFailoverUnsupported, slot.ErrSlotServer, slot.ErrPublication, publish.ErrPoison} {
 		if errors.Is(err, e) {
 			return true
 		}

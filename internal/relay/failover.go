@@ -42,7 +42,7 @@ const inactiveWait = 10 * time.Second
 // rows never published (the adoption marker is a physical slot, which is
 // never synced). A slot still streamed by a previous holder is left as it
 // is for this session; the next one tries again.
-func (r *Relay) applyFailover(ctx context.Context, db *pgx.Conn, repl *pgconn.PgConn, server slot.Server, info slot.Info) error {
+func (r *Relay) applyFailover(ctx context.Context, sdb *pgx.Conn, repl *pgconn.PgConn, server slot.Server, info slot.Info) error {
 	want, err := wantFailover(r.cfg.SlotFailover, server)
 	if err != nil {
 		return err
@@ -50,7 +50,7 @@ func (r *Relay) applyFailover(ctx context.Context, db *pgx.Conn, repl *pgconn.Pg
 	if info.Failover == want || (!want && !server.CanFailover()) {
 		return nil // as asked, or a server where failover means nothing
 	}
-	if inactive, err := r.waitInactive(ctx, db); err != nil || !inactive {
+	if inactive, err := r.waitInactive(ctx, sdb); err != nil || !inactive {
 		if err == nil {
 			r.log.Warn("the slot is still streamed by its previous holder; failover is set at the next session", "failover", want, "waited", inactiveWait)
 		}

@@ -43,6 +43,7 @@ var fatalSentinels = map[string]struct {
 	"slot.ErrSlotMismatch":        {slot.ErrSlotMismatch, true},
 	"slot.ErrSlotLost":            {slot.ErrSlotLost, true},
 	"slot.ErrFailoverUnsupported": {slot.ErrFailoverUnsupported, true},
+	"slot.ErrSlotServer":          {slot.ErrSlotServer, true},
 	"slot.ErrBusy":                {slot.ErrBusy, false},
 	"relay.ErrDatabaseStopping":   {ErrDatabaseStopping, false},
 }

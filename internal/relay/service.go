@@ -33,7 +33,8 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 	// Built in dependency order: the relay records outcomes through the
 	// janitor, and retention follows the relay's role.
 	jan := janitor.New(janitor.Options{
-		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, IDColumn: cfg.IDColumn,
+		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL,
+		Schema: schema, Table: table, IDColumn: cfg.IDColumn,
 		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
 		BackoffMin: cfg.MarkInterval, BackoffMax: min(cfg.BackoffMax, 5*time.Second),
 	}, log.With("stage", "janitor"), reg)

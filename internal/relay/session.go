@@ -55,22 +55,28 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	// The normal connection serves the setup and the adoption only.
+	// The normal connections serve the setup and the adoption only: db to
+	// the primary, sdb to the server that holds the slot (db itself unless
+	// CDCRELAY_REPLICATION_URL names a standby).
+	sdb := db
 	closeDB := func() {
+		if sdb != nil && sdb != db {
+			_ = sdb.Close(context.WithoutCancel(ctx))
+		}
 		if db != nil {
 			_ = db.Close(context.WithoutCancel(ctx))
-			db = nil
 		}
+		db, sdb = nil, nil
 	}
 	defer closeDB()
-	server, err := slot.ReadServer(work, db)
+	if sdb, err = r.connectSlotDB(work, db); err != nil {
+		return err
+	}
+	server, err := r.slotServer(work, db, sdb)
 	if err != nil {
 		return err
 	}
-	if _, err := wantFailover(r.cfg.SlotFailover, server); err != nil {
-		return err
-	}
-	info, interval, adopting, err := r.prepare(work, db)
+	info, interval, adopting, err := r.prepare(work, db, sdb)
 	if err != nil {
 		return err
 	}
@@ -102,11 +108,11 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	defer func() { _ = link.Close() }()
 	start := info.ConfirmedFlush
 	if !info.Exists {
-		if start, err = r.adopt(work, db, repl, link, adopting); err != nil {
+		if start, err = r.adopt(work, db, sdb, repl, link, adopting); err != nil {
 			return err
 		}
 	}
-	if err := r.applyFailover(work, db, repl, server, info); err != nil {
+	if err := r.applyFailover(work, sdb, repl, server, info); err != nil {
 		return err
 	}
 	closeDB()
@@ -120,8 +126,8 @@ func (r *Relay) session(ctx context.Context) (err error) {
 // the slot lock held: an invalidated slot or an interrupted adoption is
 // dropped so that it is created again with a snapshot backfill. adopting
 // reports that prepare already holds the adoption lock.
-func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, interval time.Duration, adopting bool, err error) {
-	info, interval, err = r.inspect(ctx, db)
+func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info, interval time.Duration, adopting bool, err error) {
+	info, interval, err = r.inspect(ctx, db, sdb)
 	if err != nil || !info.Exists {
 		return info, interval, false, err
 	}
@@ -137,7 +143,7 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 		// backlog: a live adopter of this version holds the slot lock, which
 		// is ours, and one of an older version holds the adoption lock, for
 		// which BeginAdoption reports ErrBusy before anything is dropped.
-		if err := slot.BeginAdoption(ctx, db, r.cfg.Slot); err != nil {
+		if err := slot.BeginAdoption(ctx, sdb, r.cfg.Slot); err != nil {
 			return info, 0, false, err
 		}
 		adopting = true
@@ -147,7 +153,7 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 		// a process outside the slot lock): startReplication waits for it.
 		return info, interval, false, nil
 	}
-	if err := slot.Drop(ctx, db, r.cfg.Slot); err != nil {
+	if err := slot.Drop(ctx, sdb, r.cfg.Slot); err != nil {
 		return info, 0, adopting, err
 	}
 	return slot.Info{}, interval, adopting, nil
@@ -159,7 +165,7 @@ func (r *Relay) prepare(ctx context.Context, db *pgx.Conn) (info slot.Info, inte
 // session ends with a fatal ErrPublication naming the remedy), maps the
 // outbox by the table's OID for this session and the foreign relations,
 // whose inserts are skipped (invariant 9, docs/architecture.md).
-func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Duration, error) {
+func (r *Relay) inspect(ctx context.Context, db, sdb *pgx.Conn) (slot.Info, time.Duration, error) {
 	created, err := slot.EnsurePublication(ctx, db, r.target)
 	if err != nil {
 		return slot.Info{}, 0, err
@@ -167,11 +173,11 @@ func (r *Relay) inspect(ctx context.Context, db *pgx.Conn) (slot.Info, time.Dura
 	if created {
 		r.log.Info("created publication", "publication", r.target.Publication, "table", r.cfg.Table)
 	}
-	interval, err := slot.StatusInterval(ctx, db, r.cfg.StatusInterval)
+	interval, err := slot.StatusInterval(ctx, sdb, r.cfg.StatusInterval) // the walsender's wal_sender_timeout
 	if err != nil {
 		return slot.Info{}, 0, err
 	}
-	info, err := slot.Inspect(ctx, db, r.target)
+	info, err := slot.Inspect(ctx, sdb, r.target)
 	if err != nil {
 		return info, interval, err
 	}

@@ -16,6 +16,11 @@ import (
 // server cannot do: no retry changes the server's version or role.
 var ErrFailoverUnsupported = errors.New("the server cannot keep a failover slot")
 
+// ErrSlotServer means CDCRELAY_REPLICATION_URL names a server that cannot
+// hold the slot for this primary (another system, a standby before 16,
+// one without wal_level=logical or hot_standby_feedback).
+var ErrSlotServer = errors.New("the replication server cannot hold the slot")
+
 // failoverVersion is the first server_version_num with failover slots.
 const failoverVersion = 170000
 

@@ -1,0 +1,180 @@
+//go:build pgmatrix
+
+package relay_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
+)
+
+// This file needs PostgreSQL 16 or later (logical decoding on a standby):
+// make test-pg-matrix runs it (build tag pgmatrix).
+
+const standbySlot = "cdcrelay_on_standby"
+
+// standbyWorld is a primary with the outbox, a physical standby of it, and
+// the relay's role allowed to ask the primary for standby snapshots.
+type standbyWorld struct {
+	*env
+	sb       *testenv.Postgres
+	primary  *pgx.Conn // superuser, on the primary
+	standby  *pgx.Conn // superuser, on the standby
+	relayURL string    // both servers, read-write: the primary, later the promoted standby
+	replURL  string    // the relay's role on the standby
+}
+
+func newStandbyWorld(t *testing.T, standbyOpts testenv.StandbyOptions) *standbyWorld {
+	t.Helper()
+	requireMajor(t, 16)
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	if _, err := e.db.Exec(context.Background(), `GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO cdcrelay_app`); err != nil {
+		t.Fatal(err)
+	}
+	sb := testenv.MustStandby(t, e.pg, standbyOpts)
+	w := &standbyWorld{env: e, sb: sb, primary: relaytest.Connect(t, e.dbURL), standby: relaytest.Connect(t, sb.URL("app"))}
+	w.relayURL = multiHostURL(t, e.relayURL, e.pg.Port(), sb.Port())
+	w.replURL = strings.Replace(e.relayURL, "127.0.0.1:"+strconv.Itoa(e.pg.Port()), "127.0.0.1:"+strconv.Itoa(sb.Port()), 1)
+	return w
+}
+
+func (w *standbyWorld) start(t *testing.T, extra map[string]string) *relaytest.InProcess {
+	t.Helper()
+	vars := map[string]string{"SLOT": standbySlot, "REPLICATION_URL": w.replURL, "BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s",
+		"MARK_INTERVAL": "50ms", "LOG_LEVEL": "debug"}
+	for k, v := range extra {
+		vars[k] = v
+	}
+	r := relaytest.Start(t, relaytest.Config(t, relaytest.Vars(w.relayURL, w.amqpURL, w.exchange, vars)),
+		relaytest.InProcessOptions{Service: true, LogTo: testWriter{t}})
+	t.Cleanup(func() { _ = r.Stop() })
+	r.WaitFor(t, 60*time.Second, "streaming", r.Relay.Streaming)
+	return r
+}
+
+// TestIntegrationStandbySlotStreams: with CDCRELAY_REPLICATION_URL on a
+// standby, 5,000 events arrive once each, every row is marked on the
+// primary, the slot is the standby's, and the primary has no logical slot
+// and no logical walsender: it decodes nothing for the relay.
+func TestIntegrationStandbySlotStreams(t *testing.T) {
+	w := newStandbyWorld(t, testenv.StandbyOptions{Slot: "sb1"})
+	r := w.start(t, nil)
+	var all []row
+	for range 100 {
+		rows, _ := insertTxns(t, w.primary, "k", 50)
+		all = append(all, rows...)
+	}
+	waitAll(t, w.consumer, all, 120*time.Second)
+	waitUntil(t, 60*time.Second, "every row marked on the primary", func() bool {
+		var n int
+		return w.primary.QueryRow(context.Background(), `SELECT count(*) FROM event_outbox WHERE published_at IS NULL`).Scan(&n) == nil && n == 0
+	})
+	if n := w.consumer.Count(); n != len(all) {
+		t.Errorf("%d deliveries of %d events: want each once", n, len(all))
+	}
+	ctx := context.Background()
+	var logicalSlots, logicalSenders int
+	if err := w.primary.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'),
+		(SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_type = 'logical')`).
+		Scan(&logicalSlots, &logicalSenders); err != nil {
+		t.Fatal(err)
+	}
+	if logicalSlots != 0 || logicalSenders != 0 {
+		t.Errorf("the primary has %d logical slots and %d logical walsenders; want none", logicalSlots, logicalSenders)
+	}
+	if exists, _, _, _, _, err := slotRow(ctx, w.standby, standbySlot); err != nil || !exists {
+		t.Fatalf("slot %s on the standby: exists %v, %v", standbySlot, exists, err)
+	}
+	if !strings.Contains(r.Logs.String(), "created replication slot") {
+		t.Error("the relay did not say it created its slot")
+	}
+	t.Logf("%d events, %d deliveries, all marked; no logical decoding on the primary", len(all), w.consumer.Count())
+}
+
+// TestIntegrationStandbySlotPromoted: the primary dies (SIGKILL) under
+// load and the standby that holds the slot is promoted. Before the
+// promotion, every event the slot has passed is marked on the standby;
+// after it, the relay streams on from the same slot (no new slot), every
+// row of the new primary is delivered and marked, and nothing is
+// published that the new primary lacks.
+func TestIntegrationStandbySlotPromoted(t *testing.T) {
+	w := newStandbyWorld(t, testenv.StandbyOptions{Slot: "sb1"})
+	r := w.start(t, nil)
+	promoteUnderLoad(t, w, r, nil)
+}
+
+// promoteUnderLoad runs a producer, kills the primary once 500 events were
+// delivered (after beforeKill, if set), checks that the slot on the
+// standby passed no unmarked row, promotes the standby and checks the
+// outcome.
+func promoteUnderLoad(t *testing.T, w *standbyWorld, r *relaytest.InProcess, beforeKill func()) {
+	t.Helper()
+	ctx := context.Background()
+	prod := startProducer(t, multiHostURL(t, w.dbURL, w.pg.Port(), w.sb.Port()))
+	waitUntil(t, 60*time.Second, "500 events delivered under load", func() bool { return w.consumer.Count() >= 500 })
+	if beforeKill != nil {
+		beforeKill()
+	}
+	if err := w.pg.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The slot lock lived on the primary: the session ends. Whatever the
+	// slot confirmed before must be marked on the standby.
+	time.Sleep(time.Second)
+	_, _, _, _, confirmed, err := slotRow(ctx, w.standby, standbySlot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	behind := deliveredBelow(t, w.consumer, confirmed)
+	var unmarked int
+	if err := w.standby.QueryRow(ctx, `SELECT count(*) FROM event_outbox WHERE id::text = ANY($1) AND published_at IS NULL`, behind).Scan(&unmarked); err != nil {
+		t.Fatal(err)
+	}
+	if unmarked != 0 {
+		t.Fatalf("%d of the %d events below the slot's position %s are unmarked on the standby: the promotion leaves them behind the slot", unmarked, len(behind), confirmed)
+	}
+	if err := w.sb.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := prod.count()
+	waitUntil(t, 60*time.Second, "the producer commits on the promoted standby", func() bool { return prod.count() >= before+300 })
+	prod.halt()
+	var rows []string
+	if err := w.standby.QueryRow(ctx, `SELECT coalesce(array_agg(id::text), '{}') FROM event_outbox`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	relaytest.WaitDelivered(t, w.consumer, rows, 60*time.Second, nil)
+	waitUntil(t, 30*time.Second, "every row marked on the new primary", func() bool {
+		var n int
+		return w.standby.QueryRow(ctx, `SELECT count(*) FROM event_outbox WHERE published_at IS NULL`).Scan(&n) == nil && n == 0
+	})
+	have := make(map[string]bool, len(rows))
+	for _, id := range rows {
+		have[id] = true
+	}
+	seen := map[string]int{}
+	phantoms, dups := 0, 0
+	for _, d := range w.consumer.Deliveries() {
+		if seen[d.MessageID]++; seen[d.MessageID] == 2 {
+			dups++
+		}
+		if !have[d.MessageID] {
+			phantoms++
+		}
+	}
+	if phantoms != 0 {
+		t.Errorf("%d deliveries of events the promoted standby does not have", phantoms)
+	}
+	if n := strings.Count(r.Logs.String(), "created replication slot"); n != 1 {
+		t.Errorf("the relay created a slot %d times, want once: the promoted standby keeps it", n)
+	}
+	t.Logf("%d rows on the new primary, %d deliveries, %d duplicates, %d events confirmed on the standby when the primary died, all marked",
+		len(rows), w.consumer.Count(), dups, len(behind))
+}
