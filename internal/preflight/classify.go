@@ -27,6 +27,7 @@ const (
 	checkMapping     = "mapping"
 	checkPublication = "publication"
 	checkSlot        = "slot"
+	checkStandby     = "replication server"
 	checkFailover    = "failover"
 	checkBroker      = "broker"
 	checkExchange    = "exchange"

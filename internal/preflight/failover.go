@@ -63,6 +63,9 @@ func classifyFailover(t target, f failoverFacts) []Finding {
 		return []Finding{{Check: checkFailover, Severity: Error,
 			Message: fmt.Sprintf("CDCRELAY_SLOT_FAILOVER=on, but the server is %s: failover slots need a PostgreSQL 17 or later primary, and the relay exits at start", f.server),
 			Remedy:  "set CDCRELAY_SLOT_FAILOVER=auto (or off), or upgrade to PostgreSQL 17"}}
+	case f.server.InRecovery:
+		return []Finding{{Check: checkFailover,
+			Message: fmt.Sprintf("the slot is on a standby (%s): failover slots do not apply; a promotion of that standby keeps the slot, and the janitor confirms marks only once the standby shows them", f.server)}}
 	case !can:
 		return []Finding{{Check: checkFailover,
 			Message: fmt.Sprintf("%s: no failover slot (they need a PostgreSQL 17 or later primary); after a failover to a standby the relay creates a new slot and publishes every row with published_at IS NULL again (duplicates, no loss)", f.server)}}

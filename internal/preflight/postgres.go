@@ -67,6 +67,18 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 	}
 
 	s := &session{db: db, t: t}
+	// The slot's server: the primary, or the standby of
+	// CDCRELAY_REPLICATION_URL, where the slot and its decoding are.
+	ss := s
+	if cfg.ReplicationURL != "" {
+		sdb, bad := connectStandby(ctx, cfg, opts)
+		if sdb == nil {
+			return append(fs, bad...)
+		}
+		defer func() { _ = sdb.Close(context.WithoutCancel(ctx)) }()
+		ss = &session{db: sdb, t: t}
+		fs = append(fs, standbyChecks(ctx, config.Redact(cfg.ReplicationURL), s, ss)...)
+	}
 	fs = append(fs, s.settings(ctx)...)
 	role, roleOK := s.role(ctx)
 	tf, tableOK := s.table(ctx, &role)
@@ -98,7 +110,7 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 		fs = append(fs, classifyPublication(t, tf, pub)...)
 		fs = append(fs, classifyGenerated(t, tf, pub)...)
 	}
-	sl, err := s.slot(ctx)
+	sl, err := ss.slot(ctx)
 	if err != nil {
 		fs = append(fs, failed(checkSlot, "read replication slot "+t.slot, err))
 	} else {
@@ -106,7 +118,7 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 		sl.noReplication = roleOK.ok() && !role.super && !role.replication && !role.rdsReplication
 		fs = append(fs, classifySlot(t, sl))
 	}
-	if ff, err := s.failover(ctx, cfg.SlotFailover); err != nil {
+	if ff, err := ss.failover(ctx, cfg.SlotFailover); err != nil {
 		fs = append(fs, failed(checkFailover, "read the server's failover settings", err))
 	} else {
 		fs = append(fs, classifyFailover(t, ff)...)
@@ -377,9 +389,13 @@ func deref(s *string) string {
 // it proves the role, pg_hba.conf and max_wal_senders admit the relay.
 func replicationConnection(ctx context.Context, cfg config.Config, opts Options, t target) Finding {
 	f := Finding{Check: checkReplConn}
-	rc, err := pgconn.ParseConfig(cfg.DatabaseURL)
+	url, name := cfg.DatabaseURL, "CDCRELAY_DATABASE_URL"
+	if cfg.ReplicationURL != "" {
+		url, name = cfg.ReplicationURL, "CDCRELAY_REPLICATION_URL" // the slot is on the standby
+	}
+	rc, err := pgconn.ParseConfig(url)
 	if err != nil {
-		f.Severity, f.Message = Error, "CDCRELAY_DATABASE_URL is not a valid PostgreSQL connection string"
+		f.Severity, f.Message = Error, name+" is not a valid PostgreSQL connection string"
 		return f
 	}
 	rc.ConnectTimeout = opts.Timeout

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
 )
@@ -177,4 +178,33 @@ func promoteUnderLoad(t *testing.T, w *standbyWorld, r *relaytest.InProcess, bef
 	}
 	t.Logf("%d rows on the new primary, %d deliveries, %d duplicates, %d events confirmed on the standby when the primary died, all marked",
 		len(rows), w.consumer.Count(), dups, len(behind))
+}
+
+// TestIntegrationStandbyCheck: check judges the standby of
+// CDCRELAY_REPLICATION_URL and finds nothing wrong with this set-up, then
+// names the missing grant once it is revoked.
+func TestIntegrationStandbyCheck(t *testing.T) {
+	w := newStandbyWorld(t, testenv.StandbyOptions{Slot: "sb1"})
+	cfg := relaytest.Config(t, relaytest.Vars(w.relayURL, w.amqpURL, w.exchange, map[string]string{"SLOT": standbySlot, "REPLICATION_URL": w.replURL}))
+	judge := func() (errors []string, standby string) {
+		for _, f := range preflight.Run(context.Background(), cfg, preflight.Options{}) {
+			if f.Severity == preflight.Error {
+				errors = append(errors, f.Check+": "+f.Message)
+			}
+			if f.Check == "replication server" {
+				standby += f.Severity.String() + " " + f.Message + " " + f.Remedy + "\n"
+			}
+		}
+		return errors, standby
+	}
+	errs, standby := judge()
+	if len(errs) != 0 || !strings.Contains(standby, "OK") || !strings.Contains(standby, "is a standby of the primary") {
+		t.Fatalf("errors %q; replication server findings:\n%s", errs, standby)
+	}
+	if _, err := w.primary.Exec(context.Background(), `REVOKE EXECUTE ON FUNCTION pg_log_standby_snapshot() FROM cdcrelay_app`); err != nil {
+		t.Fatal(err)
+	}
+	if _, standby = judge(); !strings.Contains(standby, "GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO cdcrelay_app") {
+		t.Fatalf("without the grant, the findings do not name it:\n%s", standby)
+	}
 }
