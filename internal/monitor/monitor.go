@@ -27,10 +27,15 @@ import (
 
 // Options configure a Monitor.
 type Options struct {
-	DatabaseURL   string
-	Schema, Table string
-	Slot          string
-	Interval      time.Duration
+	DatabaseURL string
+	// SlotDatabaseURL is the server holding the slot when it is not
+	// DatabaseURL's, e.g. a physical standby: the holder reads the slot's
+	// health there, on a connection of its own, and the backlog, the lock
+	// and the other relays on DatabaseURL. "" means DatabaseURL.
+	SlotDatabaseURL string
+	Schema, Table   string
+	Slot            string
+	Interval        time.Duration
 	// Now is the clock the freshness of the gauges is judged by; nil
 	// means time.Now.
 	Now func() time.Time
@@ -45,8 +50,9 @@ type Monitor struct {
 	errors prometheus.Counter
 
 	// Only the Run goroutine uses the fields below.
-	db   *pgx.Conn // the monitor's own connection; nil when closed
-	held bool      // db's session holds the monitor lock
+	db     *pgx.Conn // the monitor's own connection; nil when closed
+	slotDB *pgx.Conn // its connection to SlotDatabaseURL, opened by the holder; nil when closed or unused
+	held   bool      // db's session holds the monitor lock
 	// sql is the query for the table as last inspected; "" until a
 	// connection has looked at the table, and again after a failure (the
 	// table may have changed).
@@ -136,22 +142,47 @@ func (m *Monitor) turn(ctx context.Context) {
 // interval; and the statement timeout is the monitor's own (statementContext),
 // not a shorter one of the role's that a large backlog would trip every turn.
 func (m *Monitor) connect(ctx context.Context) error {
-	cfg, err := pgconnect.Config(m.opts.DatabaseURL, pgconnect.Keepalives())
+	db, err := dial(ctx, m.opts.DatabaseURL)
 	if err != nil {
 		return err
+	}
+	m.db, m.sql = db, ""
+	return nil
+}
+
+// connectSlot opens the connection to SlotDatabaseURL if there is one and
+// it is not open. Only the holder needs it, so the replicas waiting for the
+// lock keep one connection each, to DatabaseURL; it idles between refreshes
+// like the first one, hence the same set-up.
+func (m *Monitor) connectSlot(ctx context.Context) error {
+	if m.opts.SlotDatabaseURL == "" || m.slotDB != nil {
+		return nil
+	}
+	db, err := dial(ctx, m.opts.SlotDatabaseURL)
+	if err != nil {
+		return fmt.Errorf("the slot's server: %w", err)
+	}
+	m.slotDB = db
+	return nil
+}
+
+// dial opens a monitor connection to url (see connect).
+func dial(ctx context.Context, url string) (*pgx.Conn, error) {
+	cfg, err := pgconnect.Config(url, pgconnect.Keepalives())
+	if err != nil {
+		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	db, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
-		return fmt.Errorf("connect: %w", pgerr.Connect(err))
+		return nil, fmt.Errorf("connect: %w", pgerr.Connect(err))
 	}
 	if err := pgconnect.Hold(cctx, db); err != nil {
 		_ = db.Close(context.WithoutCancel(ctx))
-		return err
+		return nil, err
 	}
-	m.db, m.sql = db, ""
-	return nil
+	return db, nil
 }
 
 // tryLock takes the monitor lock if it is free. Session advisory locks
@@ -167,20 +198,27 @@ func (m *Monitor) tryLock(ctx context.Context) (bool, error) {
 	return ok, nil
 }
 
-// drop closes the connection, and with it the lock if held.
+// drop closes the connections, and with the first one the lock if held.
 func (m *Monitor) drop() {
 	if m.held {
 		m.held = false
 		m.c.setHolder(false)
 		m.log.Info("released the monitor lock (connection closed)")
 	}
-	if m.db != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = m.db.Close(ctx)
-		cancel()
-		m.db = nil
-	}
+	closeConn(&m.db)
+	closeConn(&m.slotDB)
 	m.sql = ""
+}
+
+// closeConn closes *db, if open, and forgets it.
+func closeConn(db **pgx.Conn) {
+	if *db == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = (*db).Close(ctx)
+	cancel()
+	*db = nil
 }
 
 func (m *Monitor) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -29,8 +29,9 @@ func (m *Monitor) inspect(ctx context.Context, table string) (columns, error) {
 	return c, nil
 }
 
-// query returns the backlog and slot health query for the table as it is
-// now, logging each missing optional column once.
+// query returns the statement refresh runs on the outbox's database for
+// the table as it is now (backlogSQL, or backlogOnlySQL when the slot is on
+// another server), logging each missing optional column once.
 func (m *Monitor) query(ctx context.Context) (string, error) {
 	if m.sql != "" {
 		return m.sql, nil
@@ -49,17 +50,19 @@ func (m *Monitor) query(ctx context.Context) (string, error) {
 		m.log.Info("the outbox table has no last_error column: parked rows cannot be told apart, cdcrelay_outbox_parked is 0 and parked rows count as unpublished", "table", table)
 	}
 	m.sql = backlogSQL(table, cols)
+	if m.opts.SlotDatabaseURL != "" {
+		m.sql = backlogOnlySQL(table, cols)
+	}
 	return m.sql, nil
 }
 
-// backlogSQL is one statement for every gauge. The backlog is read in one
-// pass over the unpublished rows only: published_at IS NULL matches the
-// partial index of migrations/0001 (event_outbox_unpublished_idx), so the
-// cost follows the backlog, not the table (published rows waiting for
-// retention are never read). Parked rows (last_error set) are counted apart
-// and kept out of the count and the age: they wait for an operator, not
-// for the relay.
-func backlogSQL(table string, cols columns) string {
+// backlogOnlySQL reads the backlog alone, in one pass over the unpublished
+// rows only: published_at IS NULL matches the partial index of
+// migrations/0001 (event_outbox_unpublished_idx), so the cost follows the
+// backlog, not the table (published rows waiting for retention are never
+// read). Parked rows (last_error set) are counted apart and kept out of the
+// count and the age: they wait for an operator, not for the relay.
+func backlogOnlySQL(table string, cols columns) string {
 	notParked, parked := "true", "false"
 	if cols.lastError {
 		notParked, parked = "last_error IS NULL", "last_error IS NOT NULL"
@@ -69,19 +72,44 @@ func backlogSQL(table string, cols columns) string {
 		age = fmt.Sprintf("coalesce(extract(epoch FROM now() - min(enqueued_at) FILTER (WHERE %s)), 0)::float8", notParked)
 	}
 	return fmt.Sprintf(`
-		SELECT b.unpublished, b.parked, b.oldest,
-		       s.wal_status, s.safe_wal_size,
-		       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0)::float8,
-		       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)::float8
-		FROM (SELECT count(*) FILTER (WHERE %[2]s) AS unpublished,
-		             count(*) FILTER (WHERE %[3]s) AS parked,
-		             %[4]s AS oldest
-		      FROM %[1]s WHERE published_at IS NULL) b
-		LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, table, notParked, parked, age)
+		SELECT count(*) FILTER (WHERE %[2]s) AS unpublished,
+		       count(*) FILTER (WHERE %[3]s) AS parked,
+		       %[4]s AS oldest
+		FROM %[1]s WHERE published_at IS NULL`, table, notParked, parked, age)
 }
 
-// refresh reads every gauge in one statement and records the reading.
+// slotHealth is the slot's part of a reading: its row of
+// pg_replication_slots (s, joined on the slot's name, $1; NULLs when there
+// is no such slot) and the WAL it holds back from the server's current
+// position w.lsn.
+const slotHealth = `s.wal_status, s.safe_wal_size,
+		       coalesce(pg_wal_lsn_diff(w.lsn, s.restart_lsn), 0)::float8,
+		       coalesce(pg_wal_lsn_diff(w.lsn, s.confirmed_flush_lsn), 0)::float8`
+
+// backlogSQL is one statement for every gauge when the slot is on the
+// outbox's server, a primary.
+func backlogSQL(table string, cols columns) string {
+	return `
+		SELECT b.unpublished, b.parked, b.oldest,
+		       ` + slotHealth + `
+		FROM (` + backlogOnlySQL(table, cols) + `) b
+		CROSS JOIN (SELECT pg_current_wal_lsn() AS lsn) w
+		LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
+}
+
+// slotOnlySQL reads slotHealth on the slot's own server. That may be a
+// standby, where pg_current_wal_lsn() fails: there the current position is
+// what it has replayed, which is also what bounds the slot's progress.
+const slotOnlySQL = `
+		SELECT ` + slotHealth + `
+		FROM (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w
+		LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
+
+// refresh reads every gauge (readGauges) and records the reading.
 func (m *Monitor) refresh(ctx context.Context) error {
+	if err := m.connectSlot(ctx); err != nil {
+		return err
+	}
 	qctx, cancel := m.statementContext(ctx)
 	defer cancel()
 	sql, err := m.query(qctx)
@@ -93,8 +121,10 @@ func (m *Monitor) refresh(ctx context.Context) error {
 	var age *float64
 	var status *string
 	var safe *int64
-	if err := m.db.QueryRow(qctx, sql, m.opts.Slot).Scan(&unpublished, &parked, &age, &status, &safe, &retained, &lag); err != nil {
-		return fmt.Errorf("read backlog and slot health: %w", err)
+	backlog := []any{&unpublished, &parked, &age}
+	health := []any{&status, &safe, &retained, &lag}
+	if err := m.readGauges(qctx, sql, backlog, health); err != nil {
+		return err
 	}
 	others, err := m.otherRelays(qctx)
 	if err != nil {
@@ -111,6 +141,26 @@ func (m *Monitor) refresh(ctx context.Context) error {
 	}
 	m.c.succeeded(r)
 	m.reportOthers(others)
+	return nil
+}
+
+// readGauges scans the backlog and the slot's health into their
+// destinations: with one statement (sql, backlogSQL) when the slot is on
+// the outbox's server, else sql (backlogOnlySQL) there and slotOnlySQL on
+// the slot's (slotDB).
+func (m *Monitor) readGauges(ctx context.Context, sql string, backlog, health []any) error {
+	if m.opts.SlotDatabaseURL == "" {
+		if err := m.db.QueryRow(ctx, sql, m.opts.Slot).Scan(append(backlog, health...)...); err != nil {
+			return fmt.Errorf("read backlog and slot health: %w", err)
+		}
+		return nil
+	}
+	if err := m.db.QueryRow(ctx, sql).Scan(backlog...); err != nil {
+		return fmt.Errorf("read backlog: %w", err)
+	}
+	if err := m.slotDB.QueryRow(ctx, slotOnlySQL, m.opts.Slot).Scan(health...); err != nil {
+		return fmt.Errorf("read slot health on the slot's server: %w", err)
+	}
 	return nil
 }
 
