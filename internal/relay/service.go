@@ -51,7 +51,8 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 	// The monitor does not follow the role: whichever replica holds the
 	// monitor lock refreshes, so the gauges stay fresh when nothing streams.
 	s.monitor = monitor.New(monitor.Options{
-		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table, Slot: cfg.Slot,
+		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL,
+		Schema: schema, Table: table, Slot: cfg.Slot,
 		Interval: cfg.MonitorInterval,
 	}, log.With("stage", "monitor"), reg)
 	return s, nil
