@@ -337,8 +337,9 @@ func TestChartSchemaPolicyEnums(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string][]any{
-		"poison":   {config.PoisonPark, config.PoisonStop, nil},
-		"slotLost": {config.SlotLostRecreate, config.SlotLostStop, nil},
+		"poison":       {config.PoisonPark, config.PoisonStop, nil},
+		"slotLost":     {config.SlotLostRecreate, config.SlotLostStop, nil},
+		"slotFailover": {config.SlotFailoverAuto, config.SlotFailoverOn, config.SlotFailoverOff, nil},
 	}
 	for _, where := range []string{"defaults", "source"} {
 		for key, w := range want {

@@ -435,7 +435,7 @@ func TestSingleSource(t *testing.T) {
 	}
 	// Only set values reach the pod: the policy settings are null by default, so
 	// the relay's own defaults apply; GOMEMLIMIT is the relay's to derive.
-	for _, name := range []string{"CDCRELAY_POISON", "CDCRELAY_UNROUTABLE", "CDCRELAY_SLOT_LOST", "CDCRELAY_RETENTION", "CDCRELAY_PUBLISH_CHANNELS",
+	for _, name := range []string{"CDCRELAY_POISON", "CDCRELAY_UNROUTABLE", "CDCRELAY_SLOT_LOST", "CDCRELAY_SLOT_FAILOVER", "CDCRELAY_RETENTION", "CDCRELAY_PUBLISH_CHANNELS",
 		"CDCRELAY_MAX_MESSAGE_BYTES", "CDCRELAY_DEAD_LETTER_EXCHANGE", "CDCRELAY_AMQP_TLS_CA", "GOMEMLIMIT"} {
 		if e, ok := ev[name]; ok {
 			t.Errorf("%s = %q set by default: the relay's own default should apply", name, e.Value)

@@ -91,6 +91,7 @@ func TestPolicyValues(t *testing.T) {
 		"CDCRELAY_UNROUTABLE":           "park",
 		"CDCRELAY_DEAD_LETTER_EXCHANGE": "events.dead",
 		"CDCRELAY_SLOT_LOST":            "stop",
+		"CDCRELAY_SLOT_FAILOVER":        "off",
 		"CDCRELAY_RETENTION":            "14d",
 		"CDCRELAY_RETENTION_INTERVAL":   "30m",
 		"CDCRELAY_RETENTION_BATCH":      "2000",
@@ -125,6 +126,7 @@ func TestPolicyValues(t *testing.T) {
 		"CDCRELAY_RETENTION":         "1d12h",
 		"CDCRELAY_MAX_MESSAGE_BYTES": "1048576", // an integer, not 1.048576e+06
 		"CDCRELAY_SLOT_LOST":         "stop",    // still from defaults
+		"CDCRELAY_SLOT_FAILOVER":     "on",
 		"CDCRELAY_AMQP_TLS_CA":       "/etc/cdcrelay/secrets/amqp-tls/ca.pem",
 		"CDCRELAY_AMQP_TLS_CERT":     "/etc/cdcrelay/secrets/amqp-tls/cert.pem",
 		"CDCRELAY_AMQP_TLS_KEY":      "/etc/cdcrelay/secrets/amqp-tls/key.pem",
@@ -244,6 +246,7 @@ func TestRejectsBadPolicyValues(t *testing.T) {
 	}{
 		{"bad-poison.yaml", "at '/defaults/poison'", true},
 		{"bad-slot-lost.yaml", "at '/sources/0/slotLost'", true},
+		{"bad-slot-failover.yaml", "at '/sources/0/slotFailover'", true},
 		{"bad-unroutable.yaml", "at '/sources/0/unroutable'", true},
 		{"bad-retention.yaml", "at '/defaults/retention'", true},
 		{"bad-mark-interval.yaml", "at '/defaults/markInterval'", true},

@@ -276,6 +276,7 @@ RETENTION_BATCH
 MONITOR_INTERVAL
 STANDBY_RETRY
 SLOT_LOST
+SLOT_FAILOVER
 LOCK_DATABASE
 POISON
 UNROUTABLE
@@ -351,6 +352,7 @@ one setting, and the one that wins would be a surprise).
   (list "DEAD_LETTER_EXCHANGE" $src.deadLetterExchange "deadLetterExchange")
   (list "MAX_MESSAGE_BYTES" $src.maxMessageBytes "maxMessageBytes")
   (list "SLOT_LOST" $src.slotLost "slotLost")
+  (list "SLOT_FAILOVER" $src.slotFailover "slotFailover")
   (list "MARK_INTERVAL" $src.markInterval "markInterval")
   (list "MARK_BATCH" $src.markBatch "markBatch")
   (list "RETENTION" $src.retention "retention")
