@@ -1,6 +1,8 @@
 # cdcrelay: make demo | make test | make test-unit | make lint | make build
 # make test-unit: the service-free layer in under a minute (no PostgreSQL, no
 # RabbitMQ, no built binaries); make test: everything. docs/testing.md.
+# make test-pg-matrix: the replication tests against PostgreSQL 13, 14, 16, 17
+# and 18 (make test uses Debian's 15).
 GO        ?= go
 GOLANGCI  ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 # FUZZTIME empty: each fuzz target runs a fixed number of executions (about
@@ -17,7 +19,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # IMAGEFLAGS=-arch=arm64 builds for another architecture.
 IMAGEFLAGS ?=
 
-.PHONY: build image demo test test-unit test-go test-faults test-alerts fuzz chart-test bench bench-retention lint clean
+.PHONY: build image demo test test-unit test-go test-faults test-pg-matrix test-alerts fuzz chart-test bench bench-retention lint clean
 
 build:
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/cdcrelay ./cmd/cdcrelay
@@ -62,6 +64,21 @@ test-go:
 test-faults:
 	$(GO) test -race -tags 'faults failpoints' -count=1 -timeout 30m ./internal/faults/ ./internal/failpoint/
 	$(GO) test -race -tags faults -count=1 -timeout 10m -run '^TestIntegration(BoundedQueueReview|BrokerSizeLimitParked)' ./internal/relay/
+
+# The PostgreSQL version matrix (docs/testing.md): the tests of replication,
+# slots, the outbox and the testenv standby against each major in
+# .ci/postgres-versions, whose server binaries .ci/install-postgres caches in
+# /var/cache/cdcrelay/postgres (it needs node and npm the first time);
+# PGMATRIX_TESTS_17 runs too against 17 and later. Every version runs, then
+# the target fails if one did. PGMATRIX_VERSIONS="13 17" picks versions ("15"
+# is Debian's). .ci/run runs it after make test.
+PGMATRIX_VERSIONS ?= $(shell awk '$$1 ~ /^[0-9]+$$/ {print $$1}' .ci/postgres-versions)
+PGMATRIX_TESTS    = ^TestIntegration(ExactlyOnceInCommitOrder|SIGKILLMidStream|InsertedWhileDown|AdoptionWithoutGap|AdoptionInterrupted|PoisonParked|PoisonInBacklog|MarksSurviveSIGKILL|JanitorNeverMarksUnacked|PartitionedOutbox|QuotedOutbox|OutboxRenamedOrMovedMidStream|MarksAfterIDTypeChange|HeaderValuesExact|SlotLostRecreated|Retention|Standby[A-Za-z]*)$$
+PGMATRIX_TESTS_17 = ^TestIntegrationFailover[A-Za-z]*$$
+
+test-pg-matrix:
+	GO='$(GO)' PGMATRIX_VERSIONS='$(PGMATRIX_VERSIONS)' PGMATRIX_TESTS='$(PGMATRIX_TESTS)' \
+		PGMATRIX_TESTS_17='$(PGMATRIX_TESTS_17)' .ci/pg-matrix
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(call fuzzfor,150000x) ./internal/wal/
