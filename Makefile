@@ -69,16 +69,18 @@ test-faults:
 # slots, the outbox and the testenv standby against each major in
 # .ci/postgres-versions, whose server binaries .ci/install-postgres caches in
 # /var/cache/cdcrelay/postgres (it needs node and npm the first time);
-# PGMATRIX_TESTS_17 runs too against 17 and later. Every version runs, then
-# the target fails if one did. PGMATRIX_VERSIONS="13 17" picks versions ("15"
-# is Debian's). .ci/run runs it after make test.
+# PGMATRIX_TESTS_16 runs too against 16 and later, PGMATRIX_TESTS_17 against
+# 17 and later, all with the build tag pgmatrix. Every version runs, then the
+# target fails if one did. PGMATRIX_VERSIONS="13 17" picks versions ("15" is
+# Debian's). .ci/run runs it after make test.
 PGMATRIX_VERSIONS ?= $(shell awk '$$1 ~ /^[0-9]+$$/ {print $$1}' .ci/postgres-versions)
 PGMATRIX_TESTS    = ^TestIntegration(ExactlyOnceInCommitOrder|SIGKILLMidStream|InsertedWhileDown|AdoptionWithoutGap|AdoptionInterrupted|PoisonParked|PoisonInBacklog|MarksSurviveSIGKILL|JanitorNeverMarksUnacked|PartitionedOutbox|QuotedOutbox|OutboxRenamedOrMovedMidStream|MarksAfterIDTypeChange|HeaderValuesExact|SlotLostRecreated|Retention|Standby[A-Za-z]*)$$
+PGMATRIX_TESTS_16 = ^TestIntegration(StandbySlot[A-Za-z]*|StandbyCheck|MarkOrigin[A-Za-z]*|MonitorSlotOnStandby)$$
 PGMATRIX_TESTS_17 = ^TestIntegrationFailover[A-Za-z]*$$
 
 test-pg-matrix:
 	GO='$(GO)' PGMATRIX_VERSIONS='$(PGMATRIX_VERSIONS)' PGMATRIX_TESTS='$(PGMATRIX_TESTS)' \
-		PGMATRIX_TESTS_17='$(PGMATRIX_TESTS_17)' .ci/pg-matrix
+		PGMATRIX_TESTS_16='$(PGMATRIX_TESTS_16)' PGMATRIX_TESTS_17='$(PGMATRIX_TESTS_17)' .ci/pg-matrix
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(call fuzzfor,150000x) ./internal/wal/
