@@ -83,6 +83,7 @@ type Config struct {
 	StandbyRetry      time.Duration `env:"STANDBY_RETRY, default=2s"` // only for a slot held outside the slot lock: a standby waits on the lock, it never polls
 	SlotLost          string        `env:"SLOT_LOST, default=recreate"`
 	SlotFailover      string        `env:"SLOT_FAILOVER, default=auto"`
+	MarkOrigin        string        `env:"MARK_ORIGIN, default=auto"`
 	LockDatabase      string        `env:"LOCK_DATABASE, default=postgres"` // where the slot lock is held and waited for
 
 	Poison             string   `env:"POISON, default=park"`
@@ -353,6 +354,9 @@ func (c *Config) validate() []string {
 	if c.SlotFailover != SlotFailoverAuto && c.SlotFailover != SlotFailoverOn && c.SlotFailover != SlotFailoverOff {
 		bad("SLOT_FAILOVER", "%q: want %s, %s or %s", c.SlotFailover, SlotFailoverAuto, SlotFailoverOn, SlotFailoverOff)
 	}
+	if c.MarkOrigin != MarkOriginAuto && c.MarkOrigin != MarkOriginOff {
+		bad("MARK_ORIGIN", "%q: want %s or %s", c.MarkOrigin, MarkOriginAuto, MarkOriginOff)
+	}
 	if c.Poison != PoisonPark && c.Poison != PoisonStop {
 		bad("POISON", "%q: want %s or %s", c.Poison, PoisonPark, PoisonStop)
 	}
@@ -432,6 +436,14 @@ const (
 	SlotFailoverAuto = "auto" // a failover slot where the server is 17+ and a primary
 	SlotFailoverOn   = "on"   // a failover slot; a server that cannot keep one is an error
 	SlotFailoverOff  = "off"  // a slot without failover (an existing failover slot is converted back)
+)
+
+// Whether the janitor's and retention's transactions carry a replication
+// origin that the stream skips (PostgreSQL 16+), so the walsender does not
+// decode them.
+const (
+	MarkOriginAuto = "auto" // where the server is 16+ and the role has the origin grants
+	MarkOriginOff  = "off"
 )
 
 // What to do with a poison event (one that can never become a valid message).

@@ -29,10 +29,13 @@ type Options struct {
 	// (CDCRELAY_REPLICATION_URL): marks are confirmed only once it shows
 	// them (replica.go).
 	SlotDatabaseURL string
-	Schema, Table   string
-	IDColumn        string
-	MarkInterval    time.Duration // how often queued marks are written
-	MarkBatch       int           // ids per UPDATE
+	// Origin, when set, is the replication origin the janitor's
+	// transactions carry (PostgreSQL 16+, with the grants).
+	Origin        string
+	Schema, Table string
+	IDColumn      string
+	MarkInterval  time.Duration // how often queued marks are written
+	MarkBatch     int           // ids per UPDATE
 	// MaxPending bounds the marks queued and not yet written (default
 	// 10,000). At the bound Mark waits, which stops the publisher's
 	// confirm loop and so the publisher: back-pressure, never a drop.
@@ -104,6 +107,8 @@ type Janitor struct {
 	replica    *pgx.Conn
 	replicaSQL string
 	parkNoted  bool // a park that could not be recorded was reported
+	// originNoted: whether marks carry Origin was logged.
+	originNoted bool
 }
 
 // New returns a Janitor; its metrics are registered with reg.

@@ -49,7 +49,33 @@ func (j *Janitor) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("connect: %w", pgerr.Connect(err))
 	}
+	if err := j.tag(cctx, db); err != nil {
+		_ = db.Close(context.WithoutCancel(ctx))
+		return err
+	}
 	j.db = db
+	return nil
+}
+
+// tag gives the connection's transactions the replication origin
+// opts.Origin, so that the relay's stream skips them undecoded
+// (pgconnect.SetupOrigin); it says once whether it could.
+func (j *Janitor) tag(ctx context.Context, db *pgx.Conn) error {
+	if j.opts.Origin == "" {
+		return nil
+	}
+	on, err := pgconnect.SetupOrigin(ctx, db, j.opts.Origin)
+	if err != nil {
+		return err
+	}
+	if !j.originNoted {
+		j.originNoted = true
+		if on {
+			j.log.Info("marks carry a replication origin: the walsender skips them undecoded", "origin", j.opts.Origin)
+		} else {
+			j.log.Info("marks carry no replication origin (PostgreSQL before 16, or no grant to use origins): the walsender decodes them and throws them away", "remedy", "docs/least-privilege.md")
+		}
+	}
 	return nil
 }
 

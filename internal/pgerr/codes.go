@@ -4,6 +4,7 @@ package pgerr
 // errcodes.txt (Appendix A of its documentation).
 const (
 	FeatureNotSupported      = "0A000" // cached plan must not change result type
+	UniqueViolation          = "23505" // also: a catalog row created concurrently
 	InvalidAuthorizationSpec = "28000"
 	InvalidPassword          = "28P01"
 	InvalidCatalogName       = "3D000" // database does not exist

@@ -142,12 +142,15 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 // startOnce sends START_REPLICATION once (see startReplication); a slot
 // active for another process is returned as the server's error.
 func (r *Relay) startOnce(ctx context.Context, conn *pgconn.PgConn) error {
+	args := []string{
+		"proto_version '1'",
+		"publication_names " + slot.PublicationNamesArg(r.cfg.Publication),
+	}
+	if r.skipOrigins {
+		args = append(args, "origin 'none'") // the marks' transactions (origin.go)
+	}
 	err := pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		Mode: pglogrepl.LogicalReplication,
-		PluginArgs: []string{
-			"proto_version '1'",
-			"publication_names " + slot.PublicationNamesArg(r.cfg.Publication),
-		},
+		Mode: pglogrepl.LogicalReplication, PluginArgs: args,
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == pgerr.ObjectInUse {

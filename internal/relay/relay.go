@@ -81,6 +81,11 @@ type Relay struct {
 	// system is the database system and timeline the last session's
 	// replication connection reached (noteSystem); Run goroutine only.
 	system slot.System
+	// skipOrigins: this session's stream asks for origin 'none'
+	// (origin.go); originsNoted, the foreign origins last warned about.
+	// Run goroutine only.
+	skipOrigins  bool
+	originsNoted string
 
 	role     atomic.Int32
 	alive    atomic.Int64           // unix nanos of the reader's last turn (touch)

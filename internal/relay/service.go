@@ -11,6 +11,7 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/monitor"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/retention"
 )
 
@@ -33,7 +34,7 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 	// Built in dependency order: the relay records outcomes through the
 	// janitor, and retention follows the relay's role.
 	jan := janitor.New(janitor.Options{
-		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL,
+		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL, Origin: originName(cfg, "marks"),
 		Schema: schema, Table: table, IDColumn: cfg.IDColumn,
 		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
 		BackoffMin: cfg.MarkInterval, BackoffMax: min(cfg.BackoffMax, 5*time.Second),
@@ -44,7 +45,7 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 	}
 	s := &Service{Relay: rel, janitor: jan}
 	s.retention = retention.New(retention.Options{
-		DatabaseURL: cfg.DatabaseURL, Schema: schema, Table: table,
+		DatabaseURL: cfg.DatabaseURL, Origin: originName(cfg, "retention"), Schema: schema, Table: table,
 		Retention: time.Duration(cfg.Retention), Interval: time.Duration(cfg.RetentionInterval),
 		Batch: cfg.RetentionBatch, Active: rel.Streaming,
 	}, log.With("stage", "retention"), reg)
@@ -72,4 +73,14 @@ func (s *Service) Run(ctx context.Context) error {
 	stop()
 	_ = g.Wait() // the other stages only end with stages
 	return err
+}
+
+// originName names the replication origin a stage's transactions carry
+// (CDCRELAY_MARK_ORIGIN; origin.go), "" when off. One per stage: a
+// PostgreSQL origin serves one session at a time.
+func originName(cfg config.Config, stage string) string {
+	if cfg.MarkOrigin == config.MarkOriginOff {
+		return ""
+	}
+	return pgconnect.OriginPrefix + cfg.Slot + "_" + stage
 }

@@ -76,6 +76,9 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	if r.skipOrigins, err = r.decideOrigins(work, sdb, server); err != nil {
+		return err
+	}
 	info, interval, adopting, err := r.prepare(work, db, sdb)
 	if err != nil {
 		return err

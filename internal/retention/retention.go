@@ -30,7 +30,11 @@ import (
 
 // Options configure a Retention.
 type Options struct {
-	DatabaseURL   string
+	DatabaseURL string
+	// Origin, when set, is the replication origin retention's
+	// transactions carry (PostgreSQL 16+, with the grants), so that the
+	// relay's stream skips its DELETEs undecoded.
+	Origin        string
 	Schema, Table string
 	Retention     time.Duration // published rows older than this are deleted
 	Interval      time.Duration // time between the end of a run and the next
@@ -146,6 +150,12 @@ func (r *Retention) connect(ctx context.Context) (*pgx.Conn, error) {
 	db, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", pgerr.Connect(err))
+	}
+	if r.opts.Origin != "" {
+		if _, err := pgconnect.SetupOrigin(ctx, db, r.opts.Origin); err != nil {
+			_ = db.Close(context.WithoutCancel(ctx))
+			return nil, err
+		}
 	}
 	return db, nil
 }
