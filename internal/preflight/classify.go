@@ -29,6 +29,7 @@ const (
 	checkSlot        = "slot"
 	checkStandby     = "replication server"
 	checkFailover    = "failover"
+	checkOrigin      = "mark origin"
 	checkBroker      = "broker"
 	checkExchange    = "exchange"
 )

@@ -123,6 +123,11 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 	} else {
 		fs = append(fs, classifyFailover(t, ff)...)
 	}
+	if of, err := origins(ctx, cfg.MarkOrigin, s, ss); err != nil {
+		fs = append(fs, failed(checkOrigin, "read the replication origins and their grants", err))
+	} else {
+		fs = append(fs, classifyOrigin(t.role, of))
+	}
 	if others, err := s.otherSlots(ctx); err != nil {
 		fs = append(fs, failed(checkOtherSlots, "list the other replication slots of database "+t.database, err))
 	} else {
