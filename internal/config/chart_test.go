@@ -340,6 +340,7 @@ func TestChartSchemaPolicyEnums(t *testing.T) {
 		"poison":       {config.PoisonPark, config.PoisonStop, nil},
 		"slotLost":     {config.SlotLostRecreate, config.SlotLostStop, nil},
 		"slotFailover": {config.SlotFailoverAuto, config.SlotFailoverOn, config.SlotFailoverOff, nil},
+		"markOrigin":   {config.MarkOriginAuto, config.MarkOriginOff, nil},
 	}
 	for _, where := range []string{"defaults", "source"} {
 		for key, w := range want {

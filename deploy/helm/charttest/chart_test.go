@@ -18,7 +18,7 @@ import (
 )
 
 // goodValues are the values files every good-path check runs over.
-var goodValues = []string{"single.yaml", "multi.yaml", "monitoring.yaml", "files.yaml", "quoted.yaml", "policy.yaml"}
+var goodValues = []string{"single.yaml", "multi.yaml", "monitoring.yaml", "files.yaml", "quoted.yaml", "policy.yaml", "standby.yaml"}
 
 var (
 	slotName = regexp.MustCompile(`^[a-z0-9_]{1,54}$`)
@@ -283,7 +283,13 @@ func checkDeployment(t *testing.T, r *Rendered, d *appsv1.Deployment) {
 			checkFileSecret(t, d, file.Value, mounts, volumes)
 		}
 	}
-	for _, name := range []string{"CDCRELAY_AMQP_TLS_CA", "CDCRELAY_AMQP_TLS_CERT", "CDCRELAY_AMQP_TLS_KEY"} {
+	// The standby's URL (the slot on a standby) is optional: at most one of the two.
+	if _, hasDirect := ev["CDCRELAY_REPLICATION_URL"]; hasDirect {
+		if _, hasFile := ev["CDCRELAY_REPLICATION_URL_FILE"]; hasFile {
+			t.Errorf("Deployment %s: both CDCRELAY_REPLICATION_URL and CDCRELAY_REPLICATION_URL_FILE", d.Name)
+		}
+	}
+	for _, name := range []string{"CDCRELAY_REPLICATION_URL_FILE", "CDCRELAY_AMQP_TLS_CA", "CDCRELAY_AMQP_TLS_CERT", "CDCRELAY_AMQP_TLS_KEY"} {
 		if e, ok := ev[name]; ok {
 			checkFileSecret(t, d, e.Value, mounts, volumes)
 		}
@@ -435,8 +441,8 @@ func TestSingleSource(t *testing.T) {
 	}
 	// Only set values reach the pod: the policy settings are null by default, so
 	// the relay's own defaults apply; GOMEMLIMIT is the relay's to derive.
-	for _, name := range []string{"CDCRELAY_POISON", "CDCRELAY_UNROUTABLE", "CDCRELAY_SLOT_LOST", "CDCRELAY_SLOT_FAILOVER", "CDCRELAY_RETENTION", "CDCRELAY_PUBLISH_CHANNELS",
-		"CDCRELAY_MAX_MESSAGE_BYTES", "CDCRELAY_DEAD_LETTER_EXCHANGE", "CDCRELAY_AMQP_TLS_CA", "GOMEMLIMIT"} {
+	for _, name := range []string{"CDCRELAY_POISON", "CDCRELAY_UNROUTABLE", "CDCRELAY_SLOT_LOST", "CDCRELAY_SLOT_FAILOVER", "CDCRELAY_MARK_ORIGIN", "CDCRELAY_RETENTION", "CDCRELAY_PUBLISH_CHANNELS",
+		"CDCRELAY_MAX_MESSAGE_BYTES", "CDCRELAY_DEAD_LETTER_EXCHANGE", "CDCRELAY_AMQP_TLS_CA", "CDCRELAY_REPLICATION_URL", "CDCRELAY_REPLICATION_URL_FILE", "GOMEMLIMIT"} {
 		if e, ok := ev[name]; ok {
 			t.Errorf("%s = %q set by default: the relay's own default should apply", name, e.Value)
 		}

@@ -92,6 +92,7 @@ func TestPolicyValues(t *testing.T) {
 		"CDCRELAY_DEAD_LETTER_EXCHANGE": "events.dead",
 		"CDCRELAY_SLOT_LOST":            "stop",
 		"CDCRELAY_SLOT_FAILOVER":        "off",
+		"CDCRELAY_MARK_ORIGIN":          "off",
 		"CDCRELAY_RETENTION":            "14d",
 		"CDCRELAY_RETENTION_INTERVAL":   "30m",
 		"CDCRELAY_RETENTION_BATCH":      "2000",
@@ -127,6 +128,7 @@ func TestPolicyValues(t *testing.T) {
 		"CDCRELAY_MAX_MESSAGE_BYTES": "1048576", // an integer, not 1.048576e+06
 		"CDCRELAY_SLOT_LOST":         "stop",    // still from defaults
 		"CDCRELAY_SLOT_FAILOVER":     "on",
+		"CDCRELAY_MARK_ORIGIN":       "auto",
 		"CDCRELAY_AMQP_TLS_CA":       "/etc/cdcrelay/secrets/amqp-tls/ca.pem",
 		"CDCRELAY_AMQP_TLS_CERT":     "/etc/cdcrelay/secrets/amqp-tls/cert.pem",
 		"CDCRELAY_AMQP_TLS_KEY":      "/etc/cdcrelay/secrets/amqp-tls/key.pem",
@@ -247,6 +249,7 @@ func TestRejectsBadPolicyValues(t *testing.T) {
 		{"bad-poison.yaml", "at '/defaults/poison'", true},
 		{"bad-slot-lost.yaml", "at '/sources/0/slotLost'", true},
 		{"bad-slot-failover.yaml", "at '/sources/0/slotFailover'", true},
+		{"bad-mark-origin.yaml", "at '/defaults/markOrigin'", true},
 		{"bad-unroutable.yaml", "at '/sources/0/unroutable'", true},
 		{"bad-retention.yaml", "at '/defaults/retention'", true},
 		{"bad-mark-interval.yaml", "at '/defaults/markInterval'", true},
@@ -351,7 +354,7 @@ func TestExtraEnvKnowsEveryRelayVariable(t *testing.T) {
 		"columns.headers", "columns.exchange", "columns.type"} {
 		args = append(args, "--set", "defaults."+v+"=null")
 	}
-	chartOwned := []string{"DATABASE_URL", "DATABASE_URL_FILE", "AMQP_URL", "AMQP_URL_FILE", "SLOT", "PUBLICATION", "HTTP_ADDR"}
+	chartOwned := []string{"DATABASE_URL", "DATABASE_URL_FILE", "REPLICATION_URL", "REPLICATION_URL_FILE", "AMQP_URL", "AMQP_URL_FILE", "SLOT", "PUBLICATION", "HTTP_ADDR"}
 	i := 0
 	for _, n := range names {
 		if slices.Contains(chartOwned, n) {

@@ -199,6 +199,19 @@ Argument: dict "root" $ "out" (dict).
 {{- $db := deepCopy $src.database }}
 {{- $_ := set $db "key" (default "url" $db.key) }}
 {{- $_ := set $cfg "database" $db }}
+{{- with $src.replication }}
+{{- if not .secretName }}
+{{- fail (printf "cdcrelay: %s: replication.secretName is required (the Secret holding the standby's URL), or leave replication out" $where) }}
+{{- end }}
+{{- $rep := deepCopy . }}
+{{- $_ := set $rep "key" (default "url" $rep.key) }}
+{{- $_ := set $cfg "replication" $rep }}
+{{- /* The relay refuses CDCRELAY_SLOT_FAILOVER=on with CDCRELAY_REPLICATION_URL:
+PostgreSQL refuses failover for a slot created on a standby. */}}
+{{- if eq (toString $cfg.slotFailover) "on" }}
+{{- fail (printf "cdcrelay: %s: slotFailover \"on\" with replication (CDCRELAY_REPLICATION_URL): the slot is on a standby, and PostgreSQL refuses failover for a slot created on a standby; set slotFailover to auto, \"off\" or null" $where) }}
+{{- end }}
+{{- end }}
 {{- $amqp := deepCopy (default dict $cfg.amqp) }}
 {{- $_ := set $amqp "key" (default "url" $amqp.key) }}
 {{- if not $amqp.secretName }}
@@ -242,6 +255,8 @@ so a variable added to the relay must be added here.
 {{- define "cdcrelay.relayVariables" -}}
 DATABASE_URL
 DATABASE_URL_FILE
+REPLICATION_URL
+REPLICATION_URL_FILE
 AMQP_URL
 AMQP_URL_FILE
 AMQP_TLS_CA
@@ -277,6 +292,7 @@ MONITOR_INTERVAL
 STANDBY_RETRY
 SLOT_LOST
 SLOT_FAILOVER
+MARK_ORIGIN
 LOCK_DATABASE
 POISON
 UNROUTABLE
@@ -306,10 +322,13 @@ one setting, and the one that wins would be a surprise).
 {{- $env := list }}
 {{- /* owner: variable name -> the value that sets it, for the extraEnv check. */}}
 {{- $owner := dict }}
-{{- range $t := list (list "DATABASE" $src.database "database") (list "AMQP" $src.amqp "amqp") }}
+{{- /* The replication URL (a standby holds the slot) is optional; the chart owns
+its variables all the same, so that it comes from a Secret like the others. */}}
+{{- range $t := list (list "DATABASE" $src.database "database") (list "REPLICATION" $src.replication "replication") (list "AMQP" $src.amqp "amqp") }}
 {{- $prefix := index $t 0 }}
 {{- $ref := index $t 1 }}
-{{- if $ref.mountAsFile }}
+{{- if not $ref }}
+{{- else if $ref.mountAsFile }}
 {{- $env = append $env (dict "name" (printf "CDCRELAY_%s_URL_FILE" $prefix) "value" (printf "/etc/cdcrelay/secrets/%s/url" (index $t 2))) }}
 {{- else }}
 {{- $env = append $env (dict "name" (printf "CDCRELAY_%s_URL" $prefix) "valueFrom" (dict "secretKeyRef" (dict "name" $ref.secretName "key" $ref.key))) }}
@@ -353,6 +372,7 @@ one setting, and the one that wins would be a surprise).
   (list "MAX_MESSAGE_BYTES" $src.maxMessageBytes "maxMessageBytes")
   (list "SLOT_LOST" $src.slotLost "slotLost")
   (list "SLOT_FAILOVER" $src.slotFailover "slotFailover")
+  (list "MARK_ORIGIN" $src.markOrigin "markOrigin")
   (list "MARK_INTERVAL" $src.markInterval "markInterval")
   (list "MARK_BATCH" $src.markBatch "markBatch")
   (list "RETENTION" $src.retention "retention")
@@ -382,7 +402,7 @@ name the later wins. */}}
 {{- fail (printf "cdcrelay: %s: extraEnv CDCRELAY_HTTP_ADDR is fixed by the chart to :8080 (the container port, probes and Service use it)" $where) }}
 {{- else if hasKey $owner $e.name }}
 {{- $key := get $owner $e.name }}
-{{- $null := ternary "" ", or set it to null to leave the variable to extraEnv" (has $key (list "database" "amqp" "slot" "publication" "amqpTLS")) }}
+{{- $null := ternary "" ", or set it to null to leave the variable to extraEnv" (has $key (list "database" "replication" "amqp" "slot" "publication" "amqpTLS")) }}
 {{- fail (printf "cdcrelay: %s: extraEnv %s is already set by the chart value `%s`: set `%s` (in defaults or on the source) instead%s" $where $e.name $key $key $null) }}
 {{- end }}
 {{- end }}
