@@ -32,6 +32,7 @@ type Options struct {
 	// Origin, when set, is the replication origin the janitor's
 	// transactions carry (PostgreSQL 16+, with the grants).
 	Origin        string
+	Slot          string // the relay's slot: its marks wait for synchronized standbys if it is a failover slot
 	Schema, Table string
 	IDColumn      string
 	MarkInterval  time.Duration // how often queued marks are written

@@ -22,9 +22,13 @@ import (
 // for its marks before it calls their done.
 
 // markLSNSQL returns a WAL position past the commit of every transaction
-// this connection committed, and the standby slots to wait for ("" before
-// PostgreSQL 17 or when unset).
-const markLSNSQL = `SELECT pg_current_wal_insert_lsn()::text, coalesce(current_setting('synchronized_standby_slots', true), '')`
+// this connection committed, and the standby slots to wait for: "" unless
+// the relay's slot ($1) is a failover slot here (the walsender of any
+// other slot does not wait for those standbys either), before PostgreSQL
+// 17, or when unset.
+const markLSNSQL = `SELECT pg_current_wal_insert_lsn()::text,
+	CASE WHEN (SELECT (to_jsonb(s)->>'failover')::bool FROM pg_replication_slots s WHERE slot_name = $1)
+	     THEN coalesce(current_setting('synchronized_standby_slots', true), '') ELSE '' END`
 
 // behindSQL counts the standby slots that have not flushed $1: a physical
 // slot's restart_lsn is what its standby reported flushed. A slot that is
@@ -42,10 +46,11 @@ const (
 
 // awaitStandbys returns once every standby slot in
 // synchronized_standby_slots has flushed what this connection committed,
-// or ctx ends. Without such slots it costs one round trip.
+// or ctx ends, when the relay's slot is a failover slot. Otherwise it
+// costs one round trip.
 func (j *Janitor) awaitStandbys(ctx context.Context) error {
 	var lsn, setting string
-	if err := j.db.QueryRow(ctx, markLSNSQL).Scan(&lsn, &setting); err != nil {
+	if err := j.db.QueryRow(ctx, markLSNSQL, j.opts.Slot).Scan(&lsn, &setting); err != nil {
 		return fmt.Errorf("read the marks' WAL position: %w", err)
 	}
 	names := slot.StandbySlots(setting)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -151,10 +152,27 @@ func (p *producer) halt() []string {
 // of events past the synced slot's position, and every event before that
 // position was already marked on the standby when the primary died.
 func TestIntegrationFailoverSlotSurvivesPromotion(t *testing.T) {
+	failoverUnderLoad(t, false)
+}
+
+// TestIntegrationFailoverSlotFrozenLink: as above, but the standby's WAL
+// link is frozen 1.5 s before the primary dies: the marks written
+// meanwhile never reach it, and the synced slot must not have passed
+// their rows.
+func TestIntegrationFailoverSlotFrozenLink(t *testing.T) {
+	failoverUnderLoad(t, true)
+}
+
+func failoverUnderLoad(t *testing.T, freeze bool) {
 	requireMajor(t, 17)
 	ctx := context.Background()
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	sb := testenv.MustStandby(t, e.pg, testenv.StandbyOptions{Slot: "sb1", Settings: map[string]string{"sync_replication_slots": "on"}})
+	link := testenv.MustProxy(t, "127.0.0.1:"+strconv.Itoa(e.pg.Port()))
+	host, port, _ := strings.Cut(link.Addr(), ":")
+	sb := testenv.MustStandby(t, e.pg, testenv.StandbyOptions{Slot: "sb1", Settings: map[string]string{
+		"sync_replication_slots": "on",
+		"primary_conninfo":       "host=" + host + " port=" + port + " user=postgres dbname=postgres application_name=sb1",
+	}})
 	// StartStandby restarted the primary: the env's connection is gone.
 	primary := relaytest.Connect(t, e.dbURL)
 	if _, err := primary.Exec(ctx, `ALTER SYSTEM SET synchronized_standby_slots = 'sb1'`); err != nil {
@@ -189,6 +207,10 @@ func TestIntegrationFailoverSlotSurvivesPromotion(t *testing.T) {
 
 	prod := startProducer(t, multiHostURL(t, e.dbURL, e.pg.Port(), sb.Port()))
 	waitUntil(t, 60*time.Second, "500 events delivered under load", func() bool { return e.consumer.Count() >= 500 })
+	if freeze {
+		link.HoldDownstream(true)
+		time.Sleep(1500 * time.Millisecond)
+	}
 	if err := e.pg.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}

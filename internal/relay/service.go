@@ -34,7 +34,7 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 	// Built in dependency order: the relay records outcomes through the
 	// janitor, and retention follows the relay's role.
 	jan := janitor.New(janitor.Options{
-		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL, Origin: originName(cfg, "marks"),
+		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL, Origin: originName(cfg, "marks"), Slot: cfg.Slot,
 		Schema: schema, Table: table, IDColumn: cfg.IDColumn,
 		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
 		BackoffMin: cfg.MarkInterval, BackoffMax: min(cfg.BackoffMax, 5*time.Second),

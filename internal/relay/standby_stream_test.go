@@ -26,6 +26,7 @@ const standbySlot = "cdcrelay_on_standby"
 type standbyWorld struct {
 	*env
 	sb       *testenv.Postgres
+	link     *testenv.Proxy // between the standby and the primary: the standby's WAL flows through it
 	primary  *pgx.Conn // superuser, on the primary
 	standby  *pgx.Conn // superuser, on the standby
 	relayURL string    // both servers, read-write: the primary, later the promoted standby
@@ -39,8 +40,19 @@ func newStandbyWorld(t *testing.T, standbyOpts testenv.StandbyOptions) *standbyW
 	if _, err := e.db.Exec(context.Background(), `GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO cdcrelay_app`); err != nil {
 		t.Fatal(err)
 	}
+	// The standby reaches the primary through a proxy, so a test can
+	// freeze its WAL while the relay and the producer still reach the
+	// primary.
+	link := testenv.MustProxy(t, "127.0.0.1:"+strconv.Itoa(e.pg.Port()))
+	host, port, _ := strings.Cut(link.Addr(), ":")
+	name := standbyOpts.Slot
+	settings := map[string]string{"primary_conninfo": "host=" + host + " port=" + port + " user=postgres dbname=postgres application_name=" + name}
+	for k, v := range standbyOpts.Settings {
+		settings[k] = v
+	}
+	standbyOpts.Settings = settings
 	sb := testenv.MustStandby(t, e.pg, standbyOpts)
-	w := &standbyWorld{env: e, sb: sb, primary: relaytest.Connect(t, e.dbURL), standby: relaytest.Connect(t, sb.URL("app"))}
+	w := &standbyWorld{env: e, sb: sb, link: link, primary: relaytest.Connect(t, e.dbURL), standby: relaytest.Connect(t, sb.URL("app"))}
 	w.relayURL = multiHostURL(t, e.relayURL, e.pg.Port(), sb.Port())
 	w.replURL = strings.Replace(e.relayURL, "127.0.0.1:"+strconv.Itoa(e.pg.Port()), "127.0.0.1:"+strconv.Itoa(sb.Port()), 1)
 	return w
@@ -111,6 +123,20 @@ func TestIntegrationStandbySlotPromoted(t *testing.T) {
 	promoteUnderLoad(t, w, r, nil)
 }
 
+// TestIntegrationStandbySlotPromotedAfterFrozenLink: as above, but the
+// standby's WAL link is frozen 1.5 s before the primary dies, so the
+// marks written meanwhile never reach it. The slot on the standby must
+// not have passed their rows: they are published again and marked on the
+// promoted standby, never left unmarked behind the slot.
+func TestIntegrationStandbySlotPromotedAfterFrozenLink(t *testing.T) {
+	w := newStandbyWorld(t, testenv.StandbyOptions{Slot: "sb1"})
+	r := w.start(t, nil)
+	promoteUnderLoad(t, w, r, func() {
+		w.link.HoldDownstream(true)
+		time.Sleep(1500 * time.Millisecond)
+	})
+}
+
 // promoteUnderLoad runs a producer, kills the primary once 500 events were
 // delivered (after beforeKill, if set), checks that the slot on the
 // standby passed no unmarked row, promotes the standby and checks the
@@ -141,6 +167,20 @@ func promoteUnderLoad(t *testing.T, w *standbyWorld, r *relaytest.InProcess, bef
 	if unmarked != 0 {
 		t.Fatalf("%d of the %d events below the slot's position %s are unmarked on the standby: the promotion leaves them behind the slot", unmarked, len(behind), confirmed)
 	}
+	// Delivered events whose marks the standby lacks: the slot must not
+	// have passed them, and they are what the promotion puts at risk.
+	var delivered []string
+	for _, d := range w.consumer.Deliveries() {
+		delivered = append(delivered, d.MessageID)
+	}
+	var atRisk int
+	if err := w.standby.QueryRow(ctx, `SELECT count(*) FROM event_outbox WHERE id::text = ANY($1) AND published_at IS NULL`, delivered).Scan(&atRisk); err != nil {
+		t.Fatal(err)
+	}
+	if beforeKill != nil && atRisk == 0 {
+		t.Fatal("no delivered event lacked its mark on the standby when the primary died: the frozen link tested nothing")
+	}
+	t.Logf("when the primary died: %d delivered events unmarked on the standby, all past the slot's position %s", atRisk, confirmed)
 	if err := w.sb.Promote(ctx); err != nil {
 		t.Fatal(err)
 	}
