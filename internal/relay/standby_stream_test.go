@@ -27,10 +27,10 @@ type standbyWorld struct {
 	*env
 	sb       *testenv.Postgres
 	link     *testenv.Proxy // between the standby and the primary: the standby's WAL flows through it
-	primary  *pgx.Conn // superuser, on the primary
-	standby  *pgx.Conn // superuser, on the standby
-	relayURL string    // both servers, read-write: the primary, later the promoted standby
-	replURL  string    // the relay's role on the standby
+	primary  *pgx.Conn      // superuser, on the primary
+	standby  *pgx.Conn      // superuser, on the standby
+	relayURL string         // both servers, read-write: the primary, later the promoted standby
+	replURL  string         // the relay's role on the standby
 }
 
 func newStandbyWorld(t *testing.T, standbyOpts testenv.StandbyOptions) *standbyWorld {
