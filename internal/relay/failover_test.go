@@ -61,8 +61,11 @@ func multiHostURL(t *testing.T, roleURL string, ports ...int) string {
 // slotRow reads the slot's flags on a server.
 func slotRow(ctx context.Context, db *pgx.Conn, name string) (exists, failover, synced, temporary bool, confirmed pglogrepl.LSN, err error) {
 	var lsn *pglogrepl.LSN
-	err = db.QueryRow(ctx, `SELECT failover, synced, temporary, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, name).
-		Scan(&failover, &synced, &temporary, &lsn)
+	var fo, sy *bool // PostgreSQL 17+
+	err = db.QueryRow(ctx, `SELECT (to_jsonb(s)->>'failover')::bool, (to_jsonb(s)->>'synced')::bool, temporary, confirmed_flush_lsn
+		FROM pg_replication_slots s WHERE slot_name = $1`, name).
+		Scan(&fo, &sy, &temporary, &lsn)
+	failover, synced = fo != nil && *fo, sy != nil && *sy
 	if err == pgx.ErrNoRows {
 		return false, false, false, false, 0, nil
 	}

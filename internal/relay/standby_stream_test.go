@@ -73,14 +73,17 @@ func (w *standbyWorld) start(t *testing.T, extra map[string]string) *relaytest.I
 }
 
 // TestIntegrationStandbySlotStreams: with CDCRELAY_REPLICATION_URL on a
-// standby, 5,000 events arrive once each, every row is marked on the
+// standby, 5,000 events (1,000 of them a backlog the adoption publishes)
+// arrive once each, every row is marked on the
 // primary, the slot is the standby's, and the primary has no logical slot
 // and no logical walsender: it decodes nothing for the relay.
 func TestIntegrationStandbySlotStreams(t *testing.T) {
 	w := newStandbyWorld(t, testenv.StandbyOptions{Slot: "sb1"})
+	// A backlog before the relay starts: the adoption reads it through
+	// the snapshot the slot exported on the standby.
+	all, _ := insertTxns(t, w.primary, "k", 500, 500)
 	r := w.start(t, nil)
-	var all []row
-	for range 100 {
+	for range 80 {
 		rows, _ := insertTxns(t, w.primary, "k", 50)
 		all = append(all, rows...)
 	}
