@@ -4,6 +4,7 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -66,7 +67,7 @@ func slotRow(ctx context.Context, db *pgx.Conn, name string) (exists, failover, 
 		FROM pg_replication_slots s WHERE slot_name = $1`, name).
 		Scan(&fo, &sy, &temporary, &lsn)
 	failover, synced = fo != nil && *fo, sy != nil && *sy
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return false, false, false, false, 0, nil
 	}
 	if lsn != nil {
