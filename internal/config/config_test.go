@@ -181,6 +181,12 @@ func TestAllProblemsAtOnce(t *testing.T) {
 		{"both URL and file", map[string]string{
 			"DATABASE_URL": "postgres://u@db/app", "DATABASE_URL_FILE": missing, "AMQP_URL": "http://mq/",
 		}, []string{"CDCRELAY_DATABASE_URL and CDCRELAY_DATABASE_URL_FILE are both set", "CDCRELAY_AMQP_URL:"}},
+		{"a standby-held slot cannot be a failover slot", map[string]string{
+			"DATABASE_URL": "postgres://u@db/app", "REPLICATION_URL": "postgres://u@standby/app", "SLOT_FAILOVER": "on", "MARK_ORIGIN": "on",
+		}, []string{"CDCRELAY_SLOT_FAILOVER: on with CDCRELAY_REPLICATION_URL", "CDCRELAY_MARK_ORIGIN:"}},
+		{"replication URL and file, a bad failover value", map[string]string{
+			"DATABASE_URL": "postgres://u@db/app", "REPLICATION_URL": "postgres://u@standby/app", "REPLICATION_URL_FILE": missing, "SLOT_FAILOVER": "yes",
+		}, []string{"CDCRELAY_REPLICATION_URL and CDCRELAY_REPLICATION_URL_FILE are both set", "CDCRELAY_SLOT_FAILOVER:"}},
 		{"missing URL with a bad value", map[string]string{"PUBLISH_CHANNELS": "100"},
 			[]string{"CDCRELAY_DATABASE_URL: required", "CDCRELAY_PUBLISH_CHANNELS:"}},
 	} {
