@@ -209,6 +209,10 @@ func (p *Postgres) Kill(ctx context.Context) error {
 	if err != nil || pid <= 0 {
 		return fmt.Errorf("kill postgres: bad pid in %s: %q", pidFile, lines[0])
 	}
+	// A pid file left by a crash may name a pid the system reused since.
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && !strings.Contains(string(cmdline), p.dataDir) {
+		return fmt.Errorf("kill postgres: pid %d of %s is not this cluster's postmaster (stale pid file?)", pid, pidFile)
+	}
 	// A stopped postmaster neither forks nor reacts to its children's deaths,
 	// so the list of children stays complete until they all die at once.
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {

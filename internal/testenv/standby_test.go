@@ -172,6 +172,17 @@ func TestIntegrationStandbyKilledPrimary(t *testing.T) {
 	if err := primary.Kill(ctx); err == nil {
 		t.Error("Kill of a killed cluster succeeded")
 	}
+	// A stale pid file naming a reused pid (here: this test) kills nothing.
+	stale := filepath.Join(primary.DataDir(), "postmaster.pid")
+	if err := os.WriteFile(stale, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := primary.Kill(ctx); err == nil || !strings.Contains(err.Error(), "not this cluster's postmaster") {
+		t.Errorf("Kill with a stale pid file: %v, want a refusal", err)
+	}
+	if err := os.Remove(stale); err != nil {
+		t.Fatal(err)
+	}
 
 	// The standby outlives its primary and takes over.
 	if err := standby.Promote(ctx); err != nil {
