@@ -2,7 +2,8 @@ package main
 
 // This file holds the bench's world and the order of its phases; each phase
 // lives in its own file: setup.go, drain.go, latency.go, bigpayload.go,
-// pgload.go (with pgsplit.go for PostgreSQL's CPU by process), with
+// pgload.go (with pgsplit.go for PostgreSQL's CPU by process), standby.go
+// (the relay streaming from a standby, on clusters of its own), with
 // machine.go for the report's header, report.go for the report and
 // targets.go for the table of cost targets.
 
@@ -51,6 +52,14 @@ type bench struct {
 	partLanes  [][]string // partLanes[i]: the routing keys of lane i, bound to partQueues[i]
 	partKeys   []string   // partLanes interleaved: the partitioned backlog's keys, round-robin
 	db         *pgx.Conn  // superuser: the bench's own statements
+	slotDB     *pgx.Conn  // superuser on the server that holds the slot, when not db (slotConn)
+	standby    *standbyServer
+	// caughtUp, when set, ends a drain's CPU window later: once the
+	// slot's walsender has decoded the marks too (the standby part).
+	caughtUp func(context.Context) error
+	// pacedWatch, when set, runs while a relay latency phase inserts
+	// (the standby part samples replay lag with it).
+	pacedWatch func(context.Context)
 	ins        *inserter
 	cons       *consumer
 	relay      *relayProc   // the running relay, if any
@@ -97,6 +106,10 @@ func (b *bench) phases(ctx context.Context) error {
 }
 
 func (b *bench) runPhases(ctx context.Context) error {
+	if b.opts.standbyOnly {
+		b.opts.standby = true
+		return b.standbyPart(ctx)
+	}
 	var err error
 	r := b.res
 	say("broker ceiling, run 1: %s persistent messages, confirms, one channel, %d in flight", toolkit.Thousands(b.opts.backlog), b.opts.inflight)
@@ -147,5 +160,7 @@ func (b *bench) runPhases(ctx context.Context) error {
 	if err := b.pollingDrainer(ctx); err != nil {
 		return fmt.Errorf("polling drainer: %w", err)
 	}
-	return nil
+	// Last, on clusters of its own, so that it moves none of the figures
+	// above; it fails the bench only when interrupted.
+	return b.standbyPart(ctx)
 }

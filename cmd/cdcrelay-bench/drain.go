@@ -207,6 +207,11 @@ func (b *bench) timeDrain(ctx context.Context, what string, vars map[string]stri
 		return nil, 0, err
 	}
 	marked := time.Now()
+	if b.caughtUp != nil {
+		if err := b.caughtUp(ctx); err != nil {
+			return nil, 0, err
+		}
+	}
 	after, err := b.sample(rp.Pid())
 	if err != nil {
 		return nil, 0, err

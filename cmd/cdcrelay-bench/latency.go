@@ -84,7 +84,9 @@ func (b *bench) relayLatency(ctx context.Context, ph latencyPhase) (latencyResul
 		defer stop()
 		go b.watchSendLag(sctx)
 	}
+	stopWatch := b.watchPaced(ctx)
 	ticks, took, err := b.insertPaced(ctx, ph, committed)
+	stopWatch()
 	if err != nil {
 		return latencyResult{}, err
 	}
@@ -93,6 +95,24 @@ func (b *bench) relayLatency(ctx context.Context, ph latencyPhase) (latencyResul
 		return latencyResult{}, err
 	}
 	return b.collect(ctx, ph, committed, ticks, took, before.until(after), b.relay.Exited())
+}
+
+// watchPaced runs b.pacedWatch, if set, until the returned func is
+// called, which waits for it to return.
+func (b *bench) watchPaced(ctx context.Context) func() {
+	if b.pacedWatch == nil {
+		return func() {}
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.pacedWatch(wctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // brokerLatency is the reference: the same rate and batch shape published

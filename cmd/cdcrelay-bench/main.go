@@ -13,6 +13,13 @@
 // keys bound to its own queue, drained once with one channel and once with
 // N, the N-channel drain as a ratio to the one-channel one.
 //
+// Last, unless -standby=false, it measures the relay streaming from a
+// physical standby (CDCRELAY_REPLICATION_URL) on a PostgreSQL 16+ primary
+// and standby of its own: what the primary and the standby spend per
+// event for it, against the polling drainer on the same primary, and the
+// latency replay adds. When no 16+ binaries are at hand the report says
+// that part did not run (standby.go, standbybin.go).
+//
 // It starts its own throwaway PostgreSQL cluster (internal/testenv, fsync
 // off), uses the local RabbitMQ with its own exchange and queues (deleted
 // at the end) and runs the relay as a subprocess, as an operator would. It
@@ -43,6 +50,9 @@ type options struct {
 	strict         bool          // exit 3 when a target is missed
 	verbose        bool          // latency second by second
 	quietWait      time.Duration // longest wait for a quiet machine before each phase
+	standby        bool          // run the standby part (standby.go)
+	standbyPGBin   string        // its PostgreSQL 16+ binaries; "" picks them (standbybin.go)
+	standbyOnly    bool          // run the standby part alone
 	phases         []latencyPhase
 }
 
@@ -64,6 +74,9 @@ func run() int {
 	flag.BoolVar(&quick, "quick", false, "smoke run: -backlog 10000 -drainer-backlog 2000 -big-payloads 32 -latency 5s -idle 5s -quiet-wait 3s unless given")
 	phases := flag.String("phases", defaultPhases, "paced latency phases, RATExEVENTS_PER_TX, comma-separated")
 	flag.DurationVar(&opts.quietWait, "quiet-wait", 20*time.Second, "before each phase, wait up to this long for the machine to go quiet (shared machines)")
+	flag.BoolVar(&opts.standby, "standby", true, "also measure the relay streaming from a physical standby (PostgreSQL 16+, own clusters)")
+	flag.BoolVar(&opts.standbyOnly, "standby-only", false, "run the standby part alone (its sizes from -backlog, -drainer-backlog, -latency, -quick)")
+	flag.StringVar(&opts.standbyPGBin, "standby-pg-bin", "", "PostgreSQL 16+ server binaries for the standby part (default: the usual ones if 16+, else 17 from .ci/install-postgres)")
 	flag.BoolVar(&opts.verbose, "v", false, "print each latency phase second by second")
 	flag.BoolVar(&opts.strict, "strict", false, "exit with status 3 when a target is missed")
 	flag.Parse()
@@ -122,18 +135,31 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "cdcrelay-bench:", err)
 		return 1
 	}
-	rows := res.rows(opts)
+	return report(res, opts, began)
+}
+
+// report prints the results and returns the exit status: 3 for a missed
+// target with -strict. With -standby-only there is only the standby part.
+func report(res *results, opts options, began time.Time) int {
+	var rows [][]string
+	targets := res.standby.targetRows()
+	if !opts.standbyOnly {
+		rows = res.rows(opts)
+		targets = append(res.targetRows(opts), targets...)
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, formatTable(tableHeader, rows))
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, res.notes(opts))
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, res.splitNotes())
+	}
 	fmt.Fprintln(stdout)
-	fmt.Fprint(stdout, formatTable(tableHeader, rows))
-	fmt.Fprintln(stdout)
-	fmt.Fprint(stdout, res.notes(opts))
-	fmt.Fprintln(stdout)
-	fmt.Fprint(stdout, res.splitNotes())
-	targets := res.targetRows(opts)
+	fmt.Fprint(stdout, res.standby.notes())
 	fmt.Fprintln(stdout, "\nthe cost targets (per-event CPU and ratios from this run):")
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, formatTable(targetHeader, targets))
 	fmt.Fprintf(stdout, "\nbench took %s\n", time.Since(began).Round(time.Second))
+	fmt.Fprint(stdout, res.standby.banner())
 	if missed := missedTargets(append(rows, targets...)); len(missed) > 0 {
 		fmt.Fprintf(stdout, "targets missed: %v\n", missed)
 		if opts.strict {

@@ -26,6 +26,10 @@ type window struct {
 	relay    time.Duration
 	broker   time.Duration
 	backends map[int]pgProc // the cluster's backends, classified (pgsplit.go)
+	// sbPG and sbBackends are the physical standby's, in the standby part
+	// (standby.go); zero elsewhere.
+	sbPG       time.Duration
+	sbBackends map[int]pgProc
 	// background is how busy the machine was (cores) just before the
 	// window, while the bench itself was idle.
 	background float64
@@ -42,8 +46,16 @@ func (b *bench) sample(relayPID int) (window, error) {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if w.backends, err = b.sampleBackends(sctx); err != nil {
+	if w.backends, err = b.sampleBackends(sctx, b.db); err != nil {
 		return w, err
+	}
+	if sb := b.standby; sb != nil {
+		if w.sbPG, err = treeCPU(sb.postmaster); err != nil {
+			return w, fmt.Errorf("standby: %w", err)
+		}
+		if w.sbBackends, err = b.sampleBackends(sctx, sb.db); err != nil {
+			return w, fmt.Errorf("standby: %w", err)
+		}
 	}
 	if w.self, err = processCPU(os.Getpid()); err != nil {
 		return w, err
@@ -71,6 +83,8 @@ type usage struct {
 	bench     time.Duration // this process: consumer, publisher, inserter, drainer
 	broker    time.Duration // the local RabbitMQ node (0 when not found)
 	pgSplit   pgSplit       // pg by process class (pgsplit.go)
+	sbPG      time.Duration // the physical standby, in the standby part
+	sbSplit   pgSplit       // sbPG by process class
 	// background is how busy the machine was just before the window.
 	background float64
 }
@@ -84,6 +98,8 @@ func (w window) until(end window) usage {
 		bench:      end.self - w.self,
 		broker:     max(end.broker-w.broker, 0),
 		pgSplit:    splitCPU(w.backends, end.backends, end.pg-w.pg),
+		sbPG:       end.sbPG - w.sbPG,
+		sbSplit:    splitCPU(w.sbBackends, end.sbBackends, end.sbPG-w.sbPG),
 		background: w.background,
 	}
 }
@@ -143,28 +159,43 @@ func isRetention(query string) bool { return containsAny(query, retentionSQL) }
 // the outbox every 250 ms for up to 100 rows and publishes them with
 // confirms. It drains its own backlog, then idles.
 func (b *bench) pollingDrainer(ctx context.Context) error {
+	r := b.res
+	var err error
+	r.drainer, err = b.drainerDrain(ctx, func() error {
+		say("drainer idle for %s: counting its statements on the primary", b.opts.idleFor)
+		var err error
+		r.idleDrainer, err = b.idle(ctx, drainerRole)
+		return err
+	})
+	return err
+}
+
+// drainerDrain times the polling drainer over a backlog of
+// opts.drainerBacklog events; then, if idle is not nil, runs it while the
+// drainer still polls.
+func (b *bench) drainerDrain(ctx context.Context, idle func() error) (rateResult, error) {
 	m := b.opts.drainerBacklog
 	say("polling drainer (%s tick, LIMIT %d, SKIP LOCKED): backlog of %s events", drainerTick, drainerBatch, toolkit.Thousands(m))
 	want, err := b.insertBacklog(ctx, m, nil)
 	if err != nil {
-		return err
+		return rateResult{}, err
 	}
 	if err := b.prepare(ctx); err != nil {
-		return err
+		return rateResult{}, err
 	}
 	db, err := pgx.Connect(ctx, b.drainerURL)
 	if err != nil {
-		return fmt.Errorf("connect drainer: %w", err)
+		return rateResult{}, fmt.Errorf("connect drainer: %w", err)
 	}
 	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
 	pub, err := newConfirmPublisher(ctx, b.amqpURL, b.opts.inflight)
 	if err != nil {
-		return err
+		return rateResult{}, err
 	}
 	b.cons.reset()
 	before, err := b.sample(0)
 	if err != nil {
-		return err
+		return rateResult{}, err
 	}
 	dctx, stop := context.WithCancel(ctx)
 	failed := make(chan struct{})
@@ -182,21 +213,19 @@ func (b *bench) pollingDrainer(ctx context.Context) error {
 	defer cancel()
 	a, err := b.cons.waitIDs(wctx, want, failed)
 	if err != nil {
-		return errors.Join(err, runErr)
+		return rateResult{}, errors.Join(err, runErr)
 	}
 	after, err := b.sample(0)
 	if err != nil {
-		return err
+		return rateResult{}, err
 	}
-	r := b.res
-	r.drainer = rateResult{events: m, took: a.last.Sub(before.at), firstAfter: a.first.Sub(before.at), use: before.until(after), duplicates: a.duplicates}
-	say("  %s ev/s", toolkit.Thousands(int(r.drainer.rate())))
+	res := rateResult{events: m, took: a.last.Sub(before.at), firstAfter: a.first.Sub(before.at), use: before.until(after), duplicates: a.duplicates}
+	say("  %s ev/s", toolkit.Thousands(int(res.rate())))
 	b.cons.reset()
-	say("drainer idle for %s: counting its statements on the primary", b.opts.idleFor)
-	if r.idleDrainer, err = b.idle(ctx, drainerRole); err != nil {
-		return err
+	if idle != nil {
+		return res, idle()
 	}
-	return nil
+	return res, nil
 }
 
 // watchSendLag prints, every second (-v), how far the walsender is behind

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
 
@@ -27,6 +29,11 @@ const (
 	classRelay     pgClass = "relay, other"
 	classDrainer   pgClass = "polling drainer"
 	classOther     pgClass = "other" // postmaster, auxiliary processes, autovacuum, the bench's own statements, exited backends
+	// A physical standby's share, which the user pays for the standby
+	// itself, relay or not: its walsender on the primary, and on the
+	// standby the startup process (replay) and the walreceiver.
+	classPhysical pgClass = "standby's walsender"
+	classReplay   pgClass = "replay"
 )
 
 // pgClasses is the report's column order.
@@ -42,6 +49,7 @@ func onRelaysBehalf(c pgClass) bool {
 type pgBackend struct {
 	pid                    int
 	backendType, app, user string
+	database               string // "" for a physical walsender and the auxiliary processes
 	query                  string // the last statement (or the running one)
 }
 
@@ -50,21 +58,33 @@ type pgBackend struct {
 // and the monitor are known by what they run (internal/janitor/write.go,
 // internal/monitor/query.go and monitor.go).
 var (
-	janitorSQL = []string{"SET published_at = now()", "SET attempts = attempts + 1", "format_type(a.atttypid"}
-	monitorSQL = []string{"AS unpublished", "bool_or(attname = 'enqueued_at')", "idle_session_timeout"}
+	// After each flush the janitor reads its marks' WAL position and the
+	// standbys it must wait for, and asks which unseen rows' transactions
+	// still run (standbys.go, write.go): often its last statement. On a
+	// standby that holds the slot it asks whether its marks have arrived
+	// (replica.go), and the monitor reads the slot's health (slotOnlySQL).
+	janitorSQL = []string{"SET published_at = now()", "SET attempts = attempts + 1", "format_type(a.atttypid",
+		"'synchronized_standby_slots'", "s.restart_lsn < $1::pg_lsn", "pg_visible_in_snapshot", "published_at IS NULL), pg_is_in_recovery()"}
+	monitorSQL = []string{"AS unpublished", "bool_or(attname = 'enqueued_at')", "idle_session_timeout", "THEN pg_last_wal_replay_lsn() ELSE"}
 	// retention's (internal/retention): the table's inspection, its size,
 	// the DELETE batches; told apart in pg_stat_statements, not here.
 	retentionSQL = []string{"DELETE FROM", "pg_partition_tree", "indpred"}
 )
 
-// classify says who a backend works for; inserter is the inserting
-// connection's pid. A relay connection whose statement names neither the
-// janitor nor the monitor (the slot lock, the session's set-up, retention)
-// is classRelay.
+// classify says who a backend works for, on a primary or a standby alike;
+// inserter is the inserting connection's pid. A relay connection whose
+// statement names neither the janitor nor the monitor (the slot lock, the
+// session's set-up, retention) is classRelay. A walsender is the relay's
+// when it decodes (it has a database) or carries the relay's name; else
+// it streams WAL to a physical standby.
 func classify(be pgBackend, inserter int) pgClass {
 	switch {
-	case be.backendType == "walsender":
+	case be.backendType == "walsender" && (be.database != "" || strings.HasPrefix(be.app, pgconnect.ApplicationName)):
 		return classWalsender
+	case be.backendType == "walsender":
+		return classPhysical
+	case be.backendType == "startup" || be.backendType == "walreceiver":
+		return classReplay
 	case be.pid == inserter && inserter != 0:
 		return classInserter
 	case be.user == drainerRole:
@@ -97,11 +117,12 @@ type pgProc struct {
 // activitySQL lists the cluster's processes (superuser: every statement
 // is visible).
 const activitySQL = `SELECT pid, coalesce(backend_type, ''), coalesce(application_name, ''),
-	coalesce(usename::text, ''), coalesce(query, '') FROM pg_stat_activity`
+	coalesce(usename::text, ''), coalesce(datname::text, ''), coalesce(query, '') FROM pg_stat_activity`
 
-// sampleBackends reads every backend's class and CPU.
-func (b *bench) sampleBackends(ctx context.Context) (map[int]pgProc, error) {
-	rows, err := b.db.Query(ctx, activitySQL)
+// sampleBackends reads the class and CPU of every backend of the server
+// db is connected to.
+func (b *bench) sampleBackends(ctx context.Context, db *pgx.Conn) (map[int]pgProc, error) {
+	rows, err := db.Query(ctx, activitySQL)
 	if err != nil {
 		return nil, fmt.Errorf("pg_stat_activity: %w", err)
 	}
@@ -114,7 +135,7 @@ func (b *bench) sampleBackends(ctx context.Context) (map[int]pgProc, error) {
 	for rows.Next() {
 		var be pgBackend
 		var pid int32
-		if err := rows.Scan(&pid, &be.backendType, &be.app, &be.user, &be.query); err != nil {
+		if err := rows.Scan(&pid, &be.backendType, &be.app, &be.user, &be.database, &be.query); err != nil {
 			return nil, fmt.Errorf("pg_stat_activity: %w", err)
 		}
 		be.pid = int(pid)

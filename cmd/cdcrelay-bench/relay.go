@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/internal/toolkit"
@@ -93,7 +95,7 @@ func (b *bench) waitSlot(ctx context.Context, active bool, exited <-chan struct{
 		// next start and publish the next backlog from the snapshot
 		// instead of the stream.
 		var is bool
-		err := b.db.QueryRow(ctx, `SELECT coalesce(bool_or(active) FILTER (WHERE slot_name = $1), false)
+		err := b.slotConn().QueryRow(ctx, `SELECT coalesce(bool_or(active) FILTER (WHERE slot_name = $1), false)
 			AND NOT coalesce(bool_or(slot_name = $2), false) FROM pg_replication_slots`, benchSlot, slot.MarkerName(benchSlot)).Scan(&is)
 		if err != nil {
 			return fmt.Errorf("wait for slot %s active=%t: %w", benchSlot, active, err)
@@ -109,6 +111,14 @@ func (b *bench) waitSlot(ctx context.Context, active bool, exited <-chan struct{
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// slotConn is a superuser connection to the server that holds the slot.
+func (b *bench) slotConn() *pgx.Conn {
+	if b.slotDB != nil {
+		return b.slotDB
+	}
+	return b.db
 }
 
 // passedThrough lists the caller's CDCRELAY_* variables the bench does not

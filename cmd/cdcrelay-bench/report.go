@@ -109,7 +109,8 @@ type results struct {
 	idleDrainer   idleResult
 	drainer       rateResult
 	passThrough   []string
-	relayLog      []string // what the relays logged (LOG_LEVEL=warn: warnings and errors)
+	standby       standbyResult // the standby part (standby.go)
+	relayLog      []string      // what the relays logged (LOG_LEVEL=warn: warnings and errors)
 }
 
 // ceiling is the reference throughput: the better of the two ceiling runs

@@ -50,14 +50,7 @@ func (b *bench) setup(ctx context.Context) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	b.defer_("close database connection", b.db.Close)
-	_, err = b.db.Exec(ctx, `
-		CREATE EXTENSION pg_stat_statements;
-		CREATE ROLE `+relayRole+` LOGIN REPLICATION;
-		GRANT SELECT, DELETE ON event_outbox TO `+relayRole+`;
-		GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO `+relayRole+`;
-		CREATE ROLE `+drainerRole+` LOGIN;
-		GRANT SELECT ON event_outbox TO `+drainerRole+`;
-		GRANT UPDATE (published_at) ON event_outbox TO `+drainerRole)
+	_, err = b.db.Exec(ctx, "CREATE EXTENSION pg_stat_statements;"+rolesSQL)
 	if err != nil {
 		return fmt.Errorf("roles: %w", err)
 	}
@@ -103,6 +96,15 @@ func (b *bench) setup(ctx context.Context) error {
 	say("PostgreSQL %s, RabbitMQ %s, exchange %s, queue %s, payload %d bytes", r.machine.postgres, r.machine.rabbitmq, b.exchange, b.queue, r.payloadBytes)
 	return nil
 }
+
+// rolesSQL creates the relay's least-privilege role and the drainer's.
+const rolesSQL = `
+	CREATE ROLE ` + relayRole + ` LOGIN REPLICATION;
+	GRANT SELECT, DELETE ON event_outbox TO ` + relayRole + `;
+	GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO ` + relayRole + `;
+	CREATE ROLE ` + drainerRole + ` LOGIN;
+	GRANT SELECT ON event_outbox TO ` + drainerRole + `;
+	GRANT UPDATE (published_at) ON event_outbox TO ` + drainerRole
 
 // declare creates the bench exchange, its durable queue bound with
 // mainBinding and, for the partitioned drain, one durable queue per lane
@@ -190,6 +192,12 @@ func (b *bench) quiesce(ctx context.Context) error {
 	}
 	if _, err := b.db.Exec(ctx, "CHECKPOINT"); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
+	}
+	if b.standby != nil {
+		// A restartpoint: the standby's own buffer writes out of the window too.
+		if _, err := b.standby.db.Exec(ctx, "CHECKPOINT"); err != nil {
+			return fmt.Errorf("checkpoint on the standby: %w", err)
+		}
 	}
 	return nil
 }
