@@ -107,6 +107,7 @@ type Janitor struct {
 	// question (replica.go).
 	replica    *pgx.Conn
 	replicaSQL string
+	promoted   bool // the slot's server answered that it is not in recovery
 	parkNoted  bool // a park that could not be recorded was reported
 	// originNoted: whether marks carry Origin was logged.
 	originNoted bool

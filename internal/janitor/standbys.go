@@ -44,15 +44,19 @@ const (
 	standbyWarn = 5 * time.Second
 )
 
-// awaitStandbys returns once every standby slot in
-// synchronized_standby_slots has flushed what this connection committed,
-// or ctx ends, when the relay's slot is a failover slot. Otherwise it
-// costs one round trip.
-func (j *Janitor) awaitStandbys(ctx context.Context) error {
-	var lsn, setting string
-	if err := j.db.QueryRow(ctx, markLSNSQL, j.opts.Slot).Scan(&lsn, &setting); err != nil {
-		return fmt.Errorf("read the marks' WAL position: %w", err)
+// markPosition returns a WAL position past the commit of the marks this
+// connection wrote, and synchronized_standby_slots when the relay's slot
+// is a failover slot ("" otherwise): one round trip per flushed batch.
+func (j *Janitor) markPosition(ctx context.Context) (lsn, standbys string, err error) {
+	if err := j.db.QueryRow(ctx, markLSNSQL, j.opts.Slot).Scan(&lsn, &standbys); err != nil {
+		return "", "", fmt.Errorf("read the marks' WAL position: %w", err)
 	}
+	return lsn, standbys, nil
+}
+
+// awaitStandbys returns once every standby slot named in setting
+// (synchronized_standby_slots, split) has flushed lsn, or ctx ends.
+func (j *Janitor) awaitStandbys(ctx context.Context, lsn, setting string) error {
 	names := slot.StandbySlots(setting)
 	if len(names) == 0 {
 		return nil

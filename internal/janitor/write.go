@@ -131,9 +131,12 @@ func (j *Janitor) flushMarks(ctx context.Context) error {
 		running, err := j.stillRunning(ctx, batch, unseen)
 		ready, again := j.settleMarked(batch, unseen, running, err == nil)
 		later = append(later, again...)
-		werr := j.awaitStandbys(ctx)
+		lsn, standbys, werr := j.markPosition(ctx)
 		if werr == nil {
-			werr = j.awaitReplica(ctx, readyIDs(ready))
+			werr = j.awaitStandbys(ctx, lsn, standbys)
+		}
+		if werr == nil {
+			werr = j.awaitReplica(ctx, lsn, readyIDs(ready))
 		}
 		if werr != nil {
 			// Marked, but perhaps not on the standbys: written again (a
