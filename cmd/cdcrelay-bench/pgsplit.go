@@ -61,10 +61,12 @@ var (
 	// After each flush the janitor reads its marks' WAL position and the
 	// standbys it must wait for, and asks which unseen rows' transactions
 	// still run (standbys.go, write.go): often its last statement. On a
-	// standby that holds the slot it asks whether its marks have arrived
-	// (replica.go), and the monitor reads the slot's health (slotOnlySQL).
+	// standby that holds the slot it asks whether it replayed its marks,
+	// and once promoted whether the rows are marked (replica.go); the
+	// monitor reads the slot's health (slotOnlySQL).
 	janitorSQL = []string{"SET published_at = now()", "SET attempts = attempts + 1", "format_type(a.atttypid",
-		"'synchronized_standby_slots'", "s.restart_lsn < $1::pg_lsn", "pg_visible_in_snapshot", "published_at IS NULL), pg_is_in_recovery()"}
+		"'synchronized_standby_slots'", "s.restart_lsn < $1::pg_lsn", "pg_visible_in_snapshot",
+		"coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn", "[]) AND published_at IS NULL"}
 	monitorSQL = []string{"AS unpublished", "bool_or(attname = 'enqueued_at')", "idle_session_timeout", "THEN pg_last_wal_replay_lsn() ELSE"}
 	// retention's (internal/retention): the table's inspection, its size,
 	// the DELETE batches; told apart in pg_stat_statements, not here.
