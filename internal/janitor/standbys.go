@@ -21,14 +21,16 @@ import (
 // synchronized_standby_slots have flushed them; the janitor does the same
 // for its marks before it calls their done.
 
-// markLSNSQL returns a WAL position past the commit of every transaction
-// this connection committed, and the standby slots to wait for: "" unless
-// the relay's slot ($1) is a failover slot here (the walsender of any
-// other slot does not wait for those standbys either), before PostgreSQL
-// 17, or when unset.
-const markLSNSQL = `SELECT pg_current_wal_insert_lsn()::text,
-	CASE WHEN (SELECT (to_jsonb(s)->>'failover')::bool FROM pg_replication_slots s WHERE slot_name = $1)
-	     THEN coalesce(current_setting('synchronized_standby_slots', true), '') ELSE '' END`
+// markLSNSQL returns the standby slots to wait for: "" unless the relay's
+// slot ($1) is a failover slot here (the walsender of any other slot does
+// not wait for those standbys either), before PostgreSQL 17, or when
+// unset; and, when there is something to wait for (those slots, or a
+// standby that holds the slot: $2), a WAL position past the commit of
+// every transaction this connection committed. A relay with neither never
+// calls a WAL function.
+const markLSNSQL = `WITH w AS (SELECT CASE WHEN (SELECT (to_jsonb(s)->>'failover')::bool FROM pg_replication_slots s WHERE slot_name = $1)
+	     THEN coalesce(current_setting('synchronized_standby_slots', true), '') ELSE '' END AS standbys)
+SELECT CASE WHEN $2 OR w.standbys <> '' THEN pg_current_wal_insert_lsn()::text ELSE '' END, w.standbys FROM w`
 
 // behindSQL counts the standby slots that have not flushed $1: a physical
 // slot's restart_lsn is what its standby reported flushed. A slot that is
@@ -45,10 +47,11 @@ const (
 )
 
 // markPosition returns a WAL position past the commit of the marks this
-// connection wrote, and synchronized_standby_slots when the relay's slot
-// is a failover slot ("" otherwise): one round trip per flushed batch.
+// connection wrote ("" when nothing waits for it), and
+// synchronized_standby_slots when the relay's slot is a failover slot (""
+// otherwise): one round trip per flushed batch.
 func (j *Janitor) markPosition(ctx context.Context) (lsn, standbys string, err error) {
-	if err := j.db.QueryRow(ctx, markLSNSQL, j.opts.Slot).Scan(&lsn, &standbys); err != nil {
+	if err := j.db.QueryRow(ctx, markLSNSQL, j.opts.Slot, j.opts.SlotDatabaseURL != "").Scan(&lsn, &standbys); err != nil {
 		return "", "", fmt.Errorf("read the marks' WAL position: %w", err)
 	}
 	return lsn, standbys, nil
