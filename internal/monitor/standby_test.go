@@ -19,19 +19,6 @@ import (
 // with CDCRELAY_PG_BIN pointing at newer binaries, as make test-pg-matrix
 // does.
 
-// requireMajor fails the test on a server older than major: skipping would
-// let a run on the wrong binaries pass without testing anything.
-func requireMajor(t *testing.T, major int) {
-	t.Helper()
-	got, err := testenv.PGMajor()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got < major {
-		t.Fatalf("this test needs PostgreSQL %d or later, and %s points at %d: run it with make test-pg-matrix, or set %s", major, testenv.PGBinEnv, got, testenv.PGBinEnv)
-	}
-}
-
 func connectTo(ctx context.Context, t *testing.T, url string) *pgx.Conn {
 	t.Helper()
 	db, err := pgx.Connect(ctx, url)
@@ -128,7 +115,7 @@ func (e *slotOnStandby) confirmedFlush(ctx context.Context, t *testing.T) pglogr
 // primary; losing either connection fails the refresh, which closes both and
 // gives the lock up, and the monitor recovers.
 func TestIntegrationMonitorSlotOnStandby(t *testing.T) {
-	requireMajor(t, 16)
+	testenv.RequireMajor(t, 16)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	e := setUpSlotOnStandby(ctx, t)

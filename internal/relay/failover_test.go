@@ -23,19 +23,6 @@ import (
 // This file needs PostgreSQL 17 or later (failover slots): make
 // test-pg-matrix runs it (build tag pgmatrix) with CDCRELAY_PG_BIN set.
 
-// requireMajor fails the test on a server older than major: run it
-// through make test-pg-matrix, which picks the binaries.
-func requireMajor(t *testing.T, major int) {
-	t.Helper()
-	got, err := testenv.PGMajor()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got < major {
-		t.Fatalf("this test needs PostgreSQL %d or later, and %s points at %d: run it with make test-pg-matrix, or set %s", major, testenv.PGBinEnv, got, testenv.PGBinEnv)
-	}
-}
-
 const failoverSlot = "cdcrelay_failover"
 
 // multiHostURL is the relay role's URL reaching the primary first and the
@@ -168,7 +155,7 @@ func TestIntegrationFailoverSlotFrozenLink(t *testing.T) {
 }
 
 func failoverUnderLoad(t *testing.T, freeze bool) {
-	requireMajor(t, 17)
+	testenv.RequireMajor(t, 17)
 	ctx := context.Background()
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	link := testenv.MustProxy(t, "127.0.0.1:"+strconv.Itoa(e.pg.Port()))
@@ -326,7 +313,7 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 // next relay runs with auto, keeping its position: no new slot, no
 // backfill, no event published twice. Back to off, it is converted back.
 func TestIntegrationFailoverConvertsExistingSlot(t *testing.T) {
-	requireMajor(t, 17)
+	testenv.RequireMajor(t, 17)
 	ctx := context.Background()
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	run := func(setting string, n int) *running {

@@ -83,7 +83,7 @@ func markSpill(t *testing.T, e *env, n int, expect bool) int64 {
 // walsender (nothing spilled with logical_decoding_work_mem=64kB); with
 // CDCRELAY_MARK_ORIGIN=off the same marking spills.
 func TestIntegrationMarkOriginSkipsDecoding(t *testing.T) {
-	requireMajor(t, 16)
+	testenv.RequireMajor(t, 16)
 	e := newEnv(t, testenv.PostgresOptions{Settings: map[string]string{"logical_decoding_work_mem": "64kB"}}, "#")
 	grantOrigins(t, e.db)
 	vars := map[string]string{"SLOT": originSlot, "MARK_BATCH": "10000", "MARK_INTERVAL": "10m"}
@@ -112,7 +112,7 @@ func TestIntegrationMarkOriginSkipsDecoding(t *testing.T) {
 // row is inserted by a session that carries it. The relay then does not
 // filter by origin, and delivers the row.
 func TestIntegrationMarkOriginNeverSkipsForeignInserts(t *testing.T) {
-	requireMajor(t, 16)
+	testenv.RequireMajor(t, 16)
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	grantOrigins(t, e.db)
 	ctx := context.Background()

@@ -35,7 +35,7 @@ type standbyWorld struct {
 
 func newStandbyWorld(t *testing.T, standbyOpts testenv.StandbyOptions) *standbyWorld {
 	t.Helper()
-	requireMajor(t, 16)
+	testenv.RequireMajor(t, 16)
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	if _, err := e.db.Exec(context.Background(), `GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO cdcrelay_app`); err != nil {
 		t.Fatal(err)

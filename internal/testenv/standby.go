@@ -421,3 +421,17 @@ func parseMajor(version string) (int, error) {
 	}
 	return m, nil
 }
+
+// RequireMajor fails tb on a server older than major: skipping would let
+// a run on the wrong binaries pass without testing anything. make
+// test-pg-matrix picks the binaries.
+func RequireMajor(tb testing.TB, major int) {
+	tb.Helper()
+	got, err := PGMajor()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if got < major {
+		tb.Fatalf("this test needs PostgreSQL %d or later, and %s points at %d: run it with make test-pg-matrix, or set %s", major, PGBinEnv, got, PGBinEnv)
+	}
+}
