@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -54,7 +55,7 @@ func TestMarkBatches(t *testing.T) {
 		t.Fatal("a full batch did not wake the writer")
 	}
 	mustMark(t, j, "d", nop)
-	first := j.take()
+	first := j.take(math.MaxInt)
 	if got := ids(first); len(got) != 3 || got[0] != "a" || got[2] != "c" {
 		t.Fatalf("first batch %v", got)
 	}
@@ -62,14 +63,36 @@ func TestMarkBatches(t *testing.T) {
 		t.Fatalf("a taken batch is not counted as pending: %d", j.Pending())
 	}
 	j.settle(len(first), first, nil) // the UPDATE failed
-	if got := ids(j.take()); len(got) != 3 || got[0] != "a" {
+	if got := ids(j.take(math.MaxInt)); len(got) != 3 || got[0] != "a" {
 		t.Fatalf("after a failure the batch was not retried first: %v", got)
 	}
-	if got := ids(j.take()); len(got) != 1 || got[0] != "d" {
+	if got := ids(j.take(math.MaxInt)); len(got) != 1 || got[0] != "d" {
 		t.Fatalf("last batch %v", got)
 	}
-	if got := j.take(); len(got) != 0 {
+	if got := j.take(math.MaxInt); len(got) != 0 {
 		t.Fatalf("empty queue gave %v", ids(got))
+	}
+}
+
+// A flush takes only what was queued when it began (flushMarks): ids
+// acknowledged while it writes wait for the next one.
+func TestMarkTakeLimit(t *testing.T) {
+	j := newTest(3)
+	for _, id := range []string{"a", "b"} {
+		mustMark(t, j, id, nop)
+	}
+	left := j.queued()
+	mustMark(t, j, "c", nop) // acknowledged during the flush
+	got := j.take(left)
+	if ids(got)[0] != "a" || len(got) != 2 {
+		t.Fatalf("a flush that began with 2 queued took %v", ids(got))
+	}
+	if left -= len(got); left != 0 || j.queued() != 1 {
+		t.Fatalf("left %d, queued %d: c waits for the next flush", left, j.queued())
+	}
+	j.settle(len(got), nil, nil)
+	if got := ids(j.take(j.queued())); len(got) != 1 || got[0] != "c" {
+		t.Fatalf("the next flush took %v", got)
 	}
 }
 
@@ -155,7 +178,7 @@ func TestMarkWaitsForRoom(t *testing.T) {
 		t.Fatalf("Mark returned (%v) without room", err)
 	case <-time.After(50 * time.Millisecond):
 	}
-	batch := j.take() // a flush takes both and marks them
+	batch := j.take(math.MaxInt) // a flush takes both and marks them
 	if j.Pending() != 2 {
 		t.Fatal("taken entries must still count against the bound")
 	}
@@ -168,7 +191,7 @@ func TestMarkWaitsForRoom(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Mark still waits after a flush made room")
 	}
-	if got := ids(j.take()); len(got) != 1 || got[0] != "c" {
+	if got := ids(j.take(math.MaxInt)); len(got) != 1 || got[0] != "c" {
 		t.Fatalf("queue %v, want [c]", got)
 	}
 	if n := value(j.metrics.waits); n < 2 {

@@ -89,11 +89,19 @@ func (j *Janitor) closeDB() {
 	}
 }
 
-// take moves up to one batch from pending to held.
-func (j *Janitor) take() []entry {
+// queued returns how many marks are pending now.
+func (j *Janitor) queued() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	n := min(len(j.pending), j.opts.MarkBatch)
+	return len(j.pending)
+}
+
+// take moves up to one batch, and at most limit entries, from pending to
+// held.
+func (j *Janitor) take(limit int) []entry {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	n := min(len(j.pending), j.opts.MarkBatch, limit)
 	batch := append([]entry(nil), j.pending[:n]...)
 	j.pending = j.pending[n:]
 	j.held += n
@@ -113,16 +121,23 @@ func (j *Janitor) settle(n int, front, back []entry) {
 	j.freed()
 }
 
-// flushMarks marks every queued id, one UPDATE per batch, and calls each
-// entry's done once its row is marked (or counts as gone).
+// flushMarks marks the ids queued when it starts, one UPDATE per batch,
+// and calls each entry's done once its row is marked (or counts as gone).
+// Ids queued meanwhile wait for the next flush (the next tick, or a full
+// batch): looping until the queue is empty would, at a steady rate, chase
+// each statement with another of the few ids acknowledged while it ran,
+// and every statement and its round trips cost the primary about as much
+// as tens of rows (measured at 1,000 events/s: 2.5 statements per tick of
+// 40 ids each instead of one of 100).
 func (j *Janitor) flushMarks(ctx context.Context) error {
 	var later []entry // still held: a later flush tries them again
 	defer func() { j.settle(len(later), nil, later) }()
-	for {
-		batch := j.take()
+	for left := j.queued(); left > 0; {
+		batch := j.take(left)
 		if len(batch) == 0 {
 			return nil
 		}
+		left -= len(batch)
 		unseen, err := j.markBatch(ctx, batch)
 		if err != nil {
 			j.settle(len(batch), batch, nil)
@@ -152,6 +167,7 @@ func (j *Janitor) flushMarks(ctx context.Context) error {
 			return err
 		}
 	}
+	return nil
 }
 
 // stillRunningSQL returns those of the given 32-bit transaction ids that
