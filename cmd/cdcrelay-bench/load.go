@@ -201,29 +201,36 @@ func (p pacer) run(ctx context.Context, d time.Duration, fn func(i int) error) (
 }
 
 // Polling drainer baseline: what services run today and want to retire.
+// It claims drainerBatch rows a tick over a backlog, 400 ev/s at most; at
+// a paced rate above that (the standby part's 1,000 ev/s) it is given
+// pacedDrainerBatch, as a service at that rate would configure it.
 const (
-	drainerTick  = 250 * time.Millisecond
-	drainerBatch = 100
+	drainerTick       = 250 * time.Millisecond
+	drainerBatch      = 100
+	pacedDrainerBatch = 1000
 )
 
-// drainSQL claims up to drainerBatch unpublished rows, oldest first,
-// marking them published in the same statement (autocommit: one statement,
-// one transaction per tick, the cheapest form of the drainer there is).
-var drainSQL = fmt.Sprintf(`UPDATE event_outbox SET published_at = now()
+// drainSQL claims up to limit unpublished rows, oldest first, marking them
+// published in the same statement (autocommit: one statement, one
+// transaction per tick, the cheapest form of the drainer there is).
+func drainSQL(limit int) string {
+	return fmt.Sprintf(`UPDATE event_outbox SET published_at = now()
 	WHERE id IN (SELECT id FROM event_outbox WHERE published_at IS NULL
 	             ORDER BY enqueued_at LIMIT %d FOR UPDATE SKIP LOCKED)
-	RETURNING id::text, routing_key, payload::text`, drainerBatch)
+	RETURNING id::text, routing_key, payload::text`, limit)
+}
 
 // drainer polls every drainerTick and publishes each claimed row with
 // confirms on one channel (all of a batch in flight, then waits for them).
 type drainer struct {
+	limit    int // rows claimed per tick
 	db       *pgx.Conn
 	pub      *confirmPublisher
 	exchange string
 }
 
 // run polls until ctx ends. The ticker drops ticks while a batch is still
-// being published, so a backlog drains at most drainerBatch per tick.
+// being published, so a backlog drains at most limit rows per tick.
 func (d *drainer) run(ctx context.Context) error {
 	tick := time.NewTicker(drainerTick)
 	defer tick.Stop()
@@ -247,7 +254,7 @@ type outboxRow struct {
 }
 
 func (d *drainer) batch(ctx context.Context) error {
-	rows, err := d.db.Query(ctx, drainSQL)
+	rows, err := d.db.Query(ctx, drainSQL(d.limit))
 	if err != nil {
 		return fmt.Errorf("drainer poll: %w", err)
 	}

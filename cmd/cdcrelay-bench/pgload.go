@@ -183,37 +183,21 @@ func (b *bench) drainerDrain(ctx context.Context, idle func() error) (rateResult
 	if err := b.prepare(ctx); err != nil {
 		return rateResult{}, err
 	}
-	db, err := pgx.Connect(ctx, b.drainerURL)
-	if err != nil {
-		return rateResult{}, fmt.Errorf("connect drainer: %w", err)
-	}
-	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
-	pub, err := newConfirmPublisher(ctx, b.amqpURL, b.opts.inflight)
+	d, err := b.startDrainer(ctx, drainerBatch)
 	if err != nil {
 		return rateResult{}, err
 	}
+	defer d.stop()
 	b.cons.reset()
 	before, err := b.sample(0)
 	if err != nil {
 		return rateResult{}, err
 	}
-	dctx, stop := context.WithCancel(ctx)
-	failed := make(chan struct{})
-	var runErr error
-	go func() {
-		runErr = (&drainer{db: db, pub: pub, exchange: b.exchange}).run(dctx)
-		close(failed)
-	}()
-	defer func() {
-		stop()
-		<-failed
-		_ = pub.finish()
-	}()
 	wctx, cancel := context.WithTimeout(ctx, time.Minute+time.Duration(m)*5*time.Millisecond)
 	defer cancel()
-	a, err := b.cons.waitIDs(wctx, want, failed)
+	a, err := b.cons.waitIDs(wctx, want, d.failed)
 	if err != nil {
-		return rateResult{}, errors.Join(err, runErr)
+		return rateResult{}, errors.Join(err, d.runErr())
 	}
 	after, err := b.sample(0)
 	if err != nil {
@@ -226,6 +210,89 @@ func (b *bench) drainerDrain(ctx context.Context, idle func() error) (rateResult
 		return res, idle()
 	}
 	return res, nil
+}
+
+// drainerPaced runs the polling drainer (limit pacedDrainerBatch, so that
+// it keeps up) while the paced inserter commits at the phase's rate: the
+// drainer's cost per event under the same load as the relay's paced phase,
+// the window being the inserting one as there. Latency is measured as for
+// the relay, commit to consumer.
+func (b *bench) drainerPaced(ctx context.Context, ph latencyPhase) (latencyResult, error) {
+	say("polling drainer (%s tick, LIMIT %d) at %s ev/s (%d per transaction) for %s", drainerTick, pacedDrainerBatch,
+		toolkit.Thousands(ph.rate), ph.perTx, b.opts.latencyFor)
+	if err := b.prepare(ctx); err != nil {
+		return latencyResult{}, err
+	}
+	d, err := b.startDrainer(ctx, pacedDrainerBatch)
+	if err != nil {
+		return latencyResult{}, err
+	}
+	defer d.stop()
+	b.cons.reset()
+	committed := make(map[string]time.Time, b.opts.latencyFor.Milliseconds()*int64(ph.rate)/1000)
+	before, err := b.sample(0)
+	if err != nil {
+		return latencyResult{}, err
+	}
+	ticks, took, err := b.insertPaced(ctx, ph, committed)
+	if err != nil {
+		return latencyResult{}, err
+	}
+	after, err := b.sample(0)
+	if err != nil {
+		return latencyResult{}, err
+	}
+	res, err := b.collect(ctx, ph, committed, ticks, took, before.until(after), d.failed)
+	if err != nil {
+		return latencyResult{}, errors.Join(err, d.runErr())
+	}
+	say("  p50 %s p99 %s (inserted at %.0f ev/s)", toolkit.Ms(res.p50), toolkit.Ms(res.p99), res.achieved)
+	return res, nil
+}
+
+// runningDrainer is a polling drainer in its own goroutine.
+type runningDrainer struct {
+	failed <-chan struct{} // closed when run returns
+	err    error           // run's error: read only once failed is closed (runErr)
+	stop   func()          // ends it and waits, then closes its connections
+}
+
+// runErr is run's error if it has returned, else nil.
+func (d *runningDrainer) runErr() error {
+	select {
+	case <-d.failed:
+		return d.err
+	default:
+		return nil
+	}
+}
+
+// startDrainer connects the drainer's role and a confirm publisher and
+// runs a drainer claiming limit rows a tick.
+func (b *bench) startDrainer(ctx context.Context, limit int) (*runningDrainer, error) {
+	db, err := pgx.Connect(ctx, b.drainerURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect drainer: %w", err)
+	}
+	pub, err := newConfirmPublisher(ctx, b.amqpURL, b.opts.inflight)
+	if err != nil {
+		_ = db.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	dctx, cancel := context.WithCancel(ctx)
+	failed := make(chan struct{})
+	d := &runningDrainer{failed: failed}
+	go func() {
+		d.err = (&drainer{limit: limit, db: db, pub: pub, exchange: b.exchange}).run(dctx)
+		close(failed)
+	}()
+	d.stop = func() {
+		cancel()
+		<-failed
+		_ = pub.finish()
+		_ = db.Close(context.WithoutCancel(ctx))
+	}
+	return d, nil
 }
 
 // watchSendLag prints, every second (-v), how far the walsender is behind

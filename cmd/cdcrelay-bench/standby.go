@@ -50,9 +50,12 @@ type standbyServer struct {
 // standbyResult is what the standby part measured. Every window's usage
 // holds the primary's split (pgSplit) and the standby's (sbSplit).
 type standbyResult struct {
-	notRun       string // why the part did not run or did not finish; "" when it ran
-	postgres     string // the pair's server_version
-	drainer      rateResult
+	notRun   string // why the part did not run or did not finish; "" when it ran
+	postgres string // the pair's server_version
+	drainer  rateResult
+	// drainerLat is the drainer at the paced phase's rate, the reference
+	// of the paced target (pacedReference).
+	drainerLat   latencyResult
 	primaryDrain rateResult // slot on the primary
 	standbyDrain rateResult // slot on the standby
 	primaryLat   latencyResult
@@ -120,16 +123,20 @@ func (b *bench) runStandby(ctx context.Context, r *standbyResult) error {
 	return err
 }
 
-// standbyPhases: the drainer's reference first, while no slot holds back
-// its rows; then the relay with its slot on the primary, then on the
-// standby, each a drain and the paced phase; then, if the relay has it,
-// CDCRELAY_MARK_ORIGIN's comparison (originPhases).
+// standbyPhases: the drainer's references first (a drain, and the paced
+// phase), while no slot holds back its rows; then the relay with its slot
+// on the primary, then on the standby, each a drain and the paced phase;
+// then, if the relay has it, CDCRELAY_MARK_ORIGIN's comparison
+// (originPhases).
 func (b *bench) standbyPhases(ctx context.Context, r *standbyResult) error {
 	var err error
 	r.postgres = b.res.machine.postgres
 	say("standby part: polling drainer on the PostgreSQL %s primary, the reference", r.postgres)
 	if r.drainer, err = b.drainerDrain(ctx, nil); err != nil {
 		return fmt.Errorf("polling drainer: %w", err)
+	}
+	if r.drainerLat, err = b.drainerPaced(ctx, standbyPhase); err != nil {
+		return fmt.Errorf("polling drainer at %s ev/s: %w", toolkit.Thousands(standbyPhase.rate), err)
 	}
 	if err := b.slotRun(ctx, "the primary", b.relayVars, &r.primaryDrain, &r.primaryLat, &r.primaryReplay); err != nil {
 		return err

@@ -114,6 +114,8 @@ func standbyRun(primary, drainer time.Duration) *standbyResult {
 	return &standbyResult{
 		postgres: "17.10",
 		drainer:  rateResult{events: 1000, took: time.Second, use: usage{pgSplit: pgSplit{cpu: map[pgClass]time.Duration{classDrainer: drainer * 1000}}}},
+		drainerLat: latencyResult{events: 5000, achieved: 1000, p50: 130 * time.Millisecond, p99: 260 * time.Millisecond,
+			use: usage{pgSplit: pgSplit{cpu: map[pgClass]time.Duration{classDrainer: drainer * 5000}}}},
 		standbyDrain: rateResult{events: 10_000, took: time.Second,
 			use: usage{pgSplit: split(primary, 50*time.Microsecond, 10_000), sbSplit: standby(20*time.Microsecond, 10_000)}},
 		primaryDrain: rateResult{events: 10_000, took: 2 * time.Second, use: usage{pgSplit: split(40*time.Microsecond, 0, 10_000)}},
@@ -145,6 +147,32 @@ func TestStandbyTargetRows(t *testing.T) {
 	}
 	if missed := missedTargets(standbyRun(8*us, 0).targetRows()); len(missed) != 2 {
 		t.Errorf("no drainer measured must not pass: missed %v", missed)
+	}
+}
+
+// The paced target compares with the drainer at the paced rate, under the
+// same insert load, unless that drainer fell behind the rate.
+func TestStandbyPacedReference(t *testing.T) {
+	us := time.Microsecond
+	s := standbyRun(15*us, 10*us)
+	s.drainerLat.use.pgSplit.cpu[classDrainer] = 20 * us * 5000
+	rows := s.targetRows()
+	if r := rows[0]; r[3] != "1.50" || r[5] != "NO" || !strings.Contains(r[2], "10.0 µs polling drainer's drain") {
+		t.Errorf("draining row %v: against the drainer's drain", r)
+	}
+	if r := rows[1]; r[3] != "0.75" || r[5] != "yes" || !strings.Contains(r[2], "20.0 µs polling drainer at 1,000 ev/s") {
+		t.Errorf("paced row %v: against the drainer at 1,000 ev/s", r)
+	}
+	if got := cells(s.notes(), "primary CPU per event for the relay, 1,000 ev/s"); len(got) != 5 || got[4] != "drainer 20.0 µs" {
+		t.Errorf("notes row %v", got)
+	}
+	s.drainerLat.achieved = 899
+	if r := s.targetRows()[1]; r[3] != "1.50" || r[5] != "NO" || !strings.Contains(r[2], "drainer's drain, same primary (paced: 899 ev/s)") {
+		t.Errorf("a drainer that fell behind the rate is no reference: %v", r)
+	}
+	s.drainerLat = latencyResult{}
+	if r := s.targetRows()[1]; r[5] != "NO" || !strings.Contains(r[2], "drain") {
+		t.Errorf("no paced drainer measured: %v", r)
 	}
 }
 

@@ -16,7 +16,7 @@ func TestClassify(t *testing.T) {
 		{"walsender", pgBackend{pid: 7, backendType: "walsender", app: "cdcrelay", user: relayRole, query: "START_REPLICATION SLOT x LOGICAL 0/0"}, classWalsender},
 		{"inserter", pgBackend{pid: inserter, backendType: "client backend", query: "INSERT INTO event_outbox ..."}, classInserter},
 		{"no inserter known", pgBackend{pid: 0, backendType: "client backend"}, classOther},
-		{"drainer", pgBackend{pid: 8, backendType: "client backend", user: drainerRole, query: drainSQL}, classDrainer},
+		{"drainer", pgBackend{pid: 8, backendType: "client backend", user: drainerRole, query: drainSQL(drainerBatch)}, classDrainer},
 		{"janitor marking", pgBackend{pid: 9, backendType: "client backend", app: "cdcrelay", user: relayRole,
 			query: "WITH marked AS (UPDATE event_outbox SET published_at = now() WHERE id = ANY($1::uuid[]) AND published_at IS NULL RETURNING 1) SELECT 1"}, classJanitor},
 		{"janitor parking", pgBackend{pid: 9, backendType: "client backend", app: "cdcrelay", query: "UPDATE event_outbox SET attempts = attempts + 1, last_error = left($2, 2000)"}, classJanitor},
