@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -128,6 +129,9 @@ func brokerDialFailed(where string, uri amqp.URI, err error) Finding {
 	switch {
 	case errors.As(err, &aerr) && aerr.Code == amqp.AccessRefused:
 		f.Remedy = fmt.Sprintf("check the user (%s) and password in CDCRELAY_AMQP_URL", uri.Username)
+	case errors.As(err, &aerr) && aerr.Code == amqp.NotAllowed && strings.HasSuffix(aerr.Reason, " not found"):
+		// No permission can be set on a vhost that is not there.
+		f.Remedy = fmt.Sprintf("vhost %q does not exist on this broker: correct the vhost, the path of CDCRELAY_AMQP_URL (%%2F for the default vhost /), or create it (rabbitmqctl add_vhost %s) and give user %s access to it", uri.Vhost, uri.Vhost, uri.Username)
 	case errors.As(err, &aerr) && aerr.Code == amqp.NotAllowed:
 		f.Remedy = fmt.Sprintf("give user %s access to vhost %q (rabbitmqctl set_permissions -p %s %s …), or check its connection limits", uri.Username, uri.Vhost, uri.Vhost, uri.Username)
 	case errors.As(err, &aerr):

@@ -62,7 +62,9 @@ func (t target) createPublicationSQL(relkind string) string {
 // row; its name is part of the schema, not configurable.
 const publishedAtColumn = "published_at"
 
-func classifyWALLevel(level string, pendingRestart bool) Finding {
+// ClassifyWALLevel judges wal_level, for check and for the relay before it
+// creates a slot.
+func ClassifyWALLevel(level string, pendingRestart bool) Finding {
 	f := Finding{Check: checkWALLevel}
 	if level == "logical" {
 		f.Message = "logical"
@@ -178,8 +180,7 @@ func classifyPrivileges(t target, r roleFacts) []Finding {
 	var fs []Finding
 	var have []string
 	missing := func(priv, why, remedy string) {
-		fs = append(fs, Finding{Check: checkPrivileges, Severity: Error,
-			Message: fmt.Sprintf("role %s lacks %s: %s", t.role, priv, why), Remedy: remedy})
+		fs = append(fs, lacks(t.role, priv, why, remedy))
 	}
 	switch {
 	case r.replication:
@@ -187,8 +188,7 @@ func classifyPrivileges(t target, r roleFacts) []Finding {
 	case r.rdsReplication:
 		have = append(have, "REPLICATION (rds_replication)")
 	default:
-		missing("REPLICATION", "it cannot create the slot or open the replication connection",
-			fmt.Sprintf("ALTER ROLE %s REPLICATION; (as a superuser; on RDS/Aurora: GRANT rds_replication TO %s;)", role, role))
+		fs = append(fs, NoReplication(t.role))
 	}
 	if r.tableExists {
 		if !r.schemaUsage {
@@ -199,8 +199,7 @@ func classifyPrivileges(t target, r roleFacts) []Finding {
 		if r.selectPriv {
 			have = append(have, "SELECT")
 		} else {
-			missing("SELECT"+on, "it reads unpublished rows when it creates its slot",
-				fmt.Sprintf("GRANT SELECT ON %s TO %s;", t.qualified(), role))
+			fs = append(fs, NoSelect(t.schema, t.table, t.role))
 		}
 		switch {
 		case !r.hasPublishedAt: // reported by the mapping check
@@ -309,6 +308,14 @@ func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
 	case !p.covers && p.allTables:
 		bad(Error, fmt.Sprintf("publication %s is FOR ALL TABLES but does not list %s", t.publication, t.qualified()),
 			"check CDCRELAY_TABLE and that the table is an ordinary, non-temporary table")
+	case !p.covers && tf.kind == "":
+		// No publication can cover a table that is not there: the likely
+		// slip is CDCRELAY_TABLE (the table finding says it is missing).
+		remedy := "set CDCRELAY_TABLE to the outbox table"
+		if len(p.others) > 0 {
+			remedy = fmt.Sprintf("set CDCRELAY_TABLE to the table publication %s publishes (%s), or create %s with `cdcrelay migrate`", t.publication, strings.Join(p.others, ", "), t.qualified())
+		}
+		bad(Error, fmt.Sprintf("publication %s cannot cover %s, which does not exist", t.publication, t.qualified()), remedy)
 	case !p.covers:
 		bad(Error, fmt.Sprintf("publication %s does not cover %s: the relay would receive no events", t.publication, t.qualified()),
 			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s;", pub, t.qualified()))

@@ -98,14 +98,14 @@ func TestRunUnreachableIsFindings(t *testing.T) {
 }
 
 func TestClassifyWALLevel(t *testing.T) {
-	if f := classifyWALLevel("logical", false); f.Severity != OK {
+	if f := ClassifyWALLevel("logical", false); f.Severity != OK {
 		t.Fatal(f)
 	}
-	f := classifyWALLevel("replica", false)
+	f := ClassifyWALLevel("replica", false)
 	if f.Severity != Error || !strings.Contains(f.Message, "replica") || !strings.Contains(f.Remedy, "wal_level = logical") {
 		t.Fatal(f)
 	}
-	if f := classifyWALLevel("replica", true); !strings.Contains(f.Remedy, "restart") {
+	if f := ClassifyWALLevel("replica", true); !strings.Contains(f.Remedy, "restart") {
 		t.Fatal(f)
 	}
 }
@@ -362,6 +362,15 @@ func TestClassifyPublication(t *testing.T) {
 	part.kind = "p"
 	if fs := classifyPublication(tgt, part, good); fs[0].Severity != Error || !strings.Contains(fs[0].Remedy, "publish_via_partition_root") {
 		t.Fatal(fs)
+	}
+	// A misspelt CDCRELAY_TABLE: the remedy names the table the publication
+	// does publish, never a publication of the missing one.
+	typo := tgt
+	typo.table = "event_outbx"
+	if fs := classifyPublication(typo, tableFacts{}, pubFacts{exists: true, insert: true, others: []string{"public.event_outbox"}}); len(fs) != 1 ||
+		fs[0].Severity != Error || strings.Contains(fs[0].Remedy, "ALTER PUBLICATION") ||
+		!strings.Contains(fs[0].Remedy, "set CDCRELAY_TABLE to the table publication cdcrelay_outbox publishes (public.event_outbox)") {
+		t.Fatalf("missing table: %+v", fs)
 	}
 	if fs := classifyPublication(tgt, tf, pubFacts{}); !strings.Contains(fs[0].Remedy, "cdcrelay migrate") ||
 		!strings.Contains(fs[0].Remedy, "CREATE PUBLICATION cdcrelay_outbox FOR TABLE public.event_outbox WITH (publish = 'insert');") {

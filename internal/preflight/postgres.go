@@ -241,7 +241,7 @@ func (s *session) settings(ctx context.Context) []Finding {
 	if err := rows.Err(); err != nil {
 		return []Finding{failed(checkWALLevel, "read server settings", err)}
 	}
-	fs := []Finding{classifyWALLevel(set["wal_level"].value, set["wal_level"].pending), classifyEncoding(set["server_encoding"].value)}
+	fs := []Finding{ClassifyWALLevel(set["wal_level"].value, set["wal_level"].pending), classifyEncoding(set["server_encoding"].value)}
 
 	var slotsUsed, sendersUsed int
 	err = s.db.QueryRow(ctx, `

@@ -133,7 +133,7 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return nil, fmt.Errorf("open replication connection: %w", pgerr.Connect(err))
+		return nil, fmt.Errorf("open replication connection: %w", replicationDenied(pgerr.Connect(err), cfg.User))
 	}
 	r.metrics.connectedTo("postgres")
 	return conn, nil

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -35,12 +36,17 @@ const retryDetailMax = 200
 // from it as from check's findings (config.Scrub), though the stages'
 // errors never quote them.
 func (r *Relay) retryDetail(err error) string {
-	msg := r.cfg.Scrub(err.Error())
-	msg = strings.Join(strings.Fields(msg), " ") // one line for the probe's body
-	if rs := []rune(msg); len(rs) > retryDetailMax {
-		msg = string(rs[:retryDetailMax]) + "…"
+	prefix, msg, most := "retrying after: ", err.Error(), retryDetailMax
+	var op *OperatorError
+	if errors.As(err, &op) {
+		// The remedy is the point: room for it whole.
+		prefix, msg, most = "needs an operator: ", op.Problem+"; "+op.Remedy, 2*retryDetailMax
 	}
-	return "retrying after: " + msg
+	msg = strings.Join(strings.Fields(r.cfg.Scrub(msg)), " ") // one line for the probe's body
+	if rs := []rune(msg); len(rs) > most {
+		msg = string(rs[:most]) + "…"
+	}
+	return prefix + msg
 }
 
 // Owner reports whether this relay holds the slot lock now: it is the one

@@ -205,7 +205,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			wait = jitter(backoff)
 			backoff = min(2*backoff, r.cfg.BackoffMax)
 			r.metrics.restarts.Inc()
-			r.log.Error("pipeline failed; restarting both sides from the slot", "error", err, "retry_in", wait.Round(time.Millisecond))
+			var op *OperatorError
+			if errors.As(err, &op) {
+				r.log.Error("cannot stream until an operator acts: "+op.Problem, "remedy", op.Remedy, "error", err, "retry_in", wait.Round(time.Millisecond))
+			} else {
+				r.log.Error("pipeline failed; restarting both sides from the slot", "error", err, "retry_in", wait.Round(time.Millisecond))
+			}
 			r.setDetail(r.retryDetail(err)) // /readyz says why until the next session streams
 		}
 		select {

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -16,6 +17,12 @@ func TestRetryDetail(t *testing.T) {
 	}{
 		{errors.New("dial: password s3cr@t refused,\nand amqp-pw too"), "retrying after: dial: password xxxxx refused, and xxxxx too", "s3cr"},
 		{errors.New(strings.Repeat("é", 300)), "retrying after: " + strings.Repeat("é", retryDetailMax) + "…", "éé…é"},
+		// An operator's condition, wrapped on its way up: the problem and
+		// the remedy, not the server's error, and room for a longer remedy.
+		{fmt.Errorf("open replication connection: %w", &OperatorError{Problem: "role relay lacks REPLICATION", Remedy: "ALTER ROLE relay REPLICATION; (s3cr@t)",
+			Err: errors.New("permission denied to start WAL sender")}), "needs an operator: role relay lacks REPLICATION; ALTER ROLE relay REPLICATION; (xxxxx)", "WAL sender"},
+		{&OperatorError{Problem: "p", Remedy: strings.Repeat("r", 300)}, "needs an operator: p; " + strings.Repeat("r", 300), "…"},
+		{&OperatorError{Problem: "p", Remedy: strings.Repeat("r", 500)}, "needs an operator: p; " + strings.Repeat("r", 2*retryDetailMax-3) + "…", "rrrrr\n"},
 	}
 	for _, c := range cases {
 		got := r.retryDetail(c.err)

@@ -128,11 +128,15 @@ func (r *Relay) session(ctx context.Context) (err error) {
 // prepare makes sure the publication exists, then looks at the slot, with
 // the slot lock held: an invalidated slot or an interrupted adoption is
 // dropped so that it is created again with a snapshot backfill. adopting
-// reports that prepare already holds the adoption lock.
+// reports that prepare already holds the adoption lock. Before a slot is
+// created or dropped, canAdopt checks what an adoption needs.
 func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info, interval time.Duration, adopting bool, err error) {
 	info, interval, err = r.inspect(ctx, db, sdb)
-	if err != nil || !info.Exists {
+	if err != nil {
 		return info, interval, false, err
+	}
+	if !info.Exists {
+		return info, interval, false, r.canAdopt(ctx, sdb)
 	}
 	switch {
 	case info.Lost:
@@ -140,8 +144,14 @@ func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info,
 		if r.cfg.SlotLost == config.SlotLostStop {
 			return info, 0, false, fmt.Errorf("%w: slot %s was invalidated (%s); events committed after its position may never have been published; set CDCRELAY_SLOT_LOST=recreate to recreate it and publish every row with published_at IS NULL", slot.ErrSlotLost, r.cfg.Slot, info.Invalidation)
 		}
+		if err := r.canAdopt(ctx, sdb); err != nil {
+			return info, 0, false, err
+		}
 		r.log.Error("replication slot was invalidated; recreating it and publishing every unpublished row from its snapshot", "reason", info.Invalidation, "confirmed_flush", info.ConfirmedFlush)
 	case info.Adopting:
+		if err := r.canAdopt(ctx, sdb); err != nil {
+			return info, 0, false, err
+		}
 		// The marker outlives only a relay that died while publishing the
 		// backlog: a live adopter of this version holds the slot lock, which
 		// is ours, and one of an older version holds the adoption lock, for

@@ -1,0 +1,76 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
+	"github.com/cdcrelay/cdcrelay/internal/preflight"
+)
+
+// This file names the conditions that a retry cannot heal and an operator
+// can: a role without REPLICATION, without SELECT on the outbox, a server
+// without wal_level=logical. The relay keeps retrying, since the fix (a
+// GRANT, an ALTER ROLE, a restart of PostgreSQL) needs no restart of the
+// relay, but it says so at ERROR with the remedy, and on /readyz; and it
+// creates nothing while they hold, so that retries do not create and drop
+// a slot each time (docs/runbook.md, "The first five minutes").
+
+// OperatorError is a condition only an operator can fix.
+type OperatorError struct {
+	Problem string // what is wrong, for a person
+	Remedy  string // what to run or change
+	Err     error  // the server's own error, if there was one
+}
+
+func (e *OperatorError) Error() string {
+	msg := e.Problem + "; a retry cannot fix this: " + e.Remedy
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+func (e *OperatorError) Unwrap() error { return e.Err }
+
+// needsOperator is the relay's error for a finding of check's.
+func needsOperator(f preflight.Finding, err error) *OperatorError {
+	return &OperatorError{Problem: f.Message, Remedy: f.Remedy, Err: err}
+}
+
+// replicationDenied turns the server's refusal of a replication connection
+// to a role without the REPLICATION attribute into an OperatorError.
+func replicationDenied(err error, role string) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != pgerr.InsufficientPrivilege {
+		return err
+	}
+	return needsOperator(preflight.NoReplication(role), err)
+}
+
+// canAdopt is asked before a slot (or its adoption marker) is created:
+// logical decoding needs wal_level=logical on the slot's server, and the
+// adoption reads the backlog from the new slot's snapshot, which needs
+// SELECT on the outbox. Checked first, a missing one costs no slot. The
+// findings are check's own (internal/preflight).
+func (r *Relay) canAdopt(ctx context.Context, sdb *pgx.Conn) error {
+	table := pgx.Identifier{r.target.Schema, r.target.Table}.Sanitize()
+	var level, role string
+	var canSelect bool
+	err := sdb.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user, has_table_privilege($1::regclass, 'SELECT')`, table).
+		Scan(&level, &role, &canSelect)
+	if err != nil {
+		return fmt.Errorf("read wal_level and the SELECT grant on %s: %w", table, err)
+	}
+	if f := preflight.ClassifyWALLevel(level, false); f.Severity != preflight.OK {
+		return needsOperator(f, nil)
+	}
+	if !canSelect {
+		return needsOperator(preflight.NoSelect(r.target.Schema, r.target.Table, role), nil)
+	}
+	return nil
+}

@@ -1,0 +1,101 @@
+package relay_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
+)
+
+// Conditions only an operator can fix: the relay says so at ERROR with the
+// remedy and on its status (/readyz), creates no slot while they hold (the
+// role without SELECT used to create and drop one on every retry), and
+// streams once the operator has acted, without a restart.
+
+// waitNeedsOperator waits for a status naming remedy and for two sessions
+// refused for it, then checks what the relay logged and that it left no
+// slot behind.
+func waitNeedsOperator(t *testing.T, e *env, r *running, remedy string) {
+	t.Helper()
+	r.WaitFor(t, time.Minute, "two retries that name "+remedy, func() bool {
+		return strings.HasPrefix(r.relay.Status(), "starting: needs an operator: ") &&
+			strings.Contains(r.relay.Status(), remedy) &&
+			strings.Count(r.logs.String(), "cannot stream until an operator acts") >= 2
+	})
+	t.Logf("status: %s", r.relay.Status())
+	if strings.Contains(r.relay.Status(), relayRolePassword) || strings.Contains(r.relay.Status(), "…") {
+		t.Errorf("status %q: a password, or the remedy clipped", r.relay.Status())
+	}
+	for line := range strings.SplitSeq(r.logs.String(), "\n") {
+		if strings.Contains(line, "cannot stream until an operator acts") && (!strings.Contains(line, "level=ERROR") || !strings.Contains(line, remedy)) {
+			t.Errorf("not at ERROR with the remedy: %s", line)
+		}
+	}
+	if strings.Contains(r.logs.String(), "previous adoption of this slot was interrupted") {
+		t.Error("a retry dropped and recreated the slot")
+	}
+	var slots int
+	if err := e.db.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots`).Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if slots != 0 {
+		t.Errorf("%d slots exist while the relay cannot adopt: it must create none", slots)
+	}
+}
+
+func TestIntegrationNeedsOperatorSelectGrant(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, `REVOKE SELECT ON event_outbox FROM cdcrelay_app`); err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := insertTxns(t, e.db, "orders.created", 3)
+	r := e.startRelay(nil)
+	waitNeedsOperator(t, e, r, "GRANT SELECT ON public.event_outbox TO cdcrelay_app;")
+	if _, err := e.db.Exec(ctx, `GRANT SELECT ON event_outbox TO cdcrelay_app`); err != nil {
+		t.Fatal(err)
+	}
+	r.waitStreaming(t)
+	testenv.WaitCount(t, e.consumer, len(rows), time.Minute)
+	if dups := report(t, rows, e.consumer.Deliveries()); dups != 0 {
+		t.Errorf("%d duplicates", dups)
+	}
+}
+
+func TestIntegrationNeedsOperatorReplicationRole(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, `ALTER ROLE cdcrelay_app NOREPLICATION`); err != nil {
+		t.Fatal(err)
+	}
+	r := e.startRelay(nil)
+	waitNeedsOperator(t, e, r, "ALTER ROLE cdcrelay_app REPLICATION;")
+	if _, err := e.db.Exec(ctx, `ALTER ROLE cdcrelay_app REPLICATION`); err != nil {
+		t.Fatal(err)
+	}
+	r.waitStreaming(t)
+	rows, _ := insertTxns(t, e.db, "orders.created", 2)
+	testenv.WaitCount(t, e.consumer, len(rows), time.Minute)
+}
+
+// wal_level needs a restart of PostgreSQL, which the relay rides out like
+// any outage.
+func TestIntegrationNeedsOperatorWALLevel(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{Settings: map[string]string{"wal_level": "replica"}}, "#")
+	r := e.startRelay(nil)
+	waitNeedsOperator(t, e, r, "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := e.db.Exec(ctx, `ALTER SYSTEM SET wal_level = logical`); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.pg.Restart(ctx, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	r.waitStreaming(t)
+	e.db = e.connect()
+	rows, _ := insertTxns(t, e.db, "orders.created", 2)
+	testenv.WaitCount(t, e.consumer, len(rows), time.Minute)
+}
