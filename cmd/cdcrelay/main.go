@@ -69,7 +69,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "cdcrelay:", err)
+		if !errors.As(err, new(loggedError)) {
+			fmt.Fprintln(stderr, "cdcrelay:", err)
+		}
 		return 1
 	}
 	return 0
@@ -91,6 +93,23 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 	if err := cfg.RequireBroker(); err != nil {
 		return fmt.Errorf("configuration:\n%w", err)
 	}
+	if err := serve(ctx, cfg, log); err != nil {
+		// At ERROR and cause first, where the runbook's first filter
+		// (level=ERROR or WARN) finds it; not printed a second time.
+		log.Error("fatal: " + cfg.Scrub(err.Error()))
+		return loggedError{err}
+	}
+	log.Info("exiting")
+	return nil
+}
+
+// loggedError is a fatal error the relay's logger already reported.
+type loggedError struct{ error }
+
+func (e loggedError) Unwrap() error { return e.error }
+
+// serve runs the relay and its HTTP server until ctx ends or one fails.
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	warnUnknown(log, os.Environ())
 	setMemoryLimit(log, os.Getenv, systemCgroup)
 	setMaxProcs(log, os.Getenv)
@@ -122,9 +141,7 @@ func runRelay(ctx context.Context, stderr io.Writer) error {
 		}
 		return nil
 	})
-	err = g.Wait()
-	log.Info("exiting", "error", err)
-	return err
+	return g.Wait()
 }
 
 // buildInfo is cdcrelay_build_info{version,goversion} = 1: the usual way
