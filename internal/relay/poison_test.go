@@ -85,6 +85,18 @@ func TestIntegrationPoisonParked(t *testing.T) {
 		if reason, _ := d.Headers[publish.HeaderError].(string); !strings.Contains(reason, want) {
 			t.Fatalf("dead letter %s reason %q, want %q", d.MessageID, reason, want)
 		}
+		// The row's own routing key, an oversize row's too; none when it is
+		// NULL or longer than a routing key can be.
+		var key string
+		if err := e.db.QueryRow(context.Background(), `SELECT coalesce(routing_key, '') FROM event_outbox WHERE id::text = $1`, d.MessageID).Scan(&key); err != nil {
+			t.Fatal(err)
+		}
+		if len(key) > 255 {
+			key = ""
+		}
+		if d.RoutingKey != key {
+			t.Errorf("dead letter %s (%s) has routing key %q, want the row's %q", d.MessageID, want, d.RoutingKey, key)
+		}
 	}
 	checkParked(t, e, bad)
 	waitMarked(t, e, good, 10*time.Second)

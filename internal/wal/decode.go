@@ -304,9 +304,14 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	}
 	// An oversize row is judged before it is copied: it already sits once
 	// in the receive buffer, and a copy would double that for a row that
-	// can only be parked. Only its id is kept.
+	// can only be parked. Only its id is kept, and its routing key when
+	// that is short enough to route its dead-letter copy (longer keys are
+	// never sent: an AMQP short string).
 	if reason := d.oversize(m.Tuple, rel); reason != "" {
 		ev.Problem = reason
+		if v := m.Tuple[rel.key]; v.Kind == 't' && len(v.Data) <= keptKeyMax {
+			ev.RoutingKey = string(v.Data)
+		}
 		d.index++
 		return Step{Kind: KindEvent, Event: ev}, nil
 	}
@@ -351,6 +356,10 @@ func (d *Decoder) other(oid uint32, rel *relation) (Step, error) {
 	}
 	return Step{}, &RelationUnknownError{OID: oid, Name: rel.name}
 }
+
+// keptKeyMax is the longest routing key an oversize row keeps: AMQP's
+// short string, the most a routing key can be.
+const keptKeyMax = 255
 
 // oversize says why a row is too large to publish, or "" when it is not.
 func (d *Decoder) oversize(tuple []Value, rel *relation) string {
