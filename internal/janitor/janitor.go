@@ -95,6 +95,11 @@ type Janitor struct {
 	// stopping is closed, and replaced by a fresh channel, each time a
 	// write fails because the database is shutting down (see Stopping).
 	stopping chan struct{}
+	// failSince is when the writes began to fail without a success since
+	// (zero while they succeed or nothing waits), failErr the last
+	// failure: Failing.
+	failSince time.Time
+	failErr   error
 
 	// Only the Run goroutine uses the fields below.
 	db       *pgx.Conn
@@ -128,7 +133,38 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
 		opts.BackoffMax = 5 * time.Second
 	}
 	opts.BackoffMax = max(opts.BackoffMax, opts.BackoffMin)
-	return &Janitor{opts: opts, log: log, metrics: newMetrics(reg), wake: make(chan struct{}, 1), stopping: make(chan struct{})}
+	j := &Janitor{opts: opts, log: log, wake: make(chan struct{}, 1), stopping: make(chan struct{})}
+	j.metrics = newMetrics(reg, func() float64 {
+		if since, _ := j.Failing(); !since.IsZero() {
+			return time.Since(since).Seconds()
+		}
+		return 0
+	})
+	return j
+}
+
+// Failing reports since when the writes have failed with no success in
+// between, and the last failure; a zero time while they succeed or nothing
+// waits to be written. The relay's status says so after a while: the slot
+// cannot pass the unmarked events (invariant 10).
+func (j *Janitor) Failing() (since time.Time, err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.failSince, j.failErr
+}
+
+// failing records a write's outcome for Failing.
+func (j *Janitor) failing(err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch {
+	case err == nil:
+		j.failSince, j.failErr = time.Time{}, nil
+	case j.failSince.IsZero():
+		j.failSince, j.failErr = time.Now(), err
+	default:
+		j.failErr = err
+	}
 }
 
 // Mark queues the row of an acknowledged event to be marked published_at;
@@ -235,6 +271,7 @@ func (j *Janitor) Run(ctx context.Context) error {
 func (j *Janitor) turn(ctx context.Context) {
 	now := time.Now()
 	if j.Pending() == 0 {
+		j.failing(nil) // nothing waits: nothing fails
 		if j.db != nil && now.Sub(j.lastWork) > idleClose {
 			j.closeDB()
 		}
@@ -250,11 +287,13 @@ func (j *Janitor) turn(ctx context.Context) {
 			j.log.Info("janitor writes again")
 		}
 		j.backoff = 0
+		j.failing(nil)
 		return
 	}
 	if ctx.Err() != nil {
 		return
 	}
+	j.failing(j.explainDenied(err))
 	if down {
 		j.stopped()
 	}

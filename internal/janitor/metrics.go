@@ -6,7 +6,7 @@ type metrics struct {
 	marked, errors, parked, parkUnrecorded, gone, waits, connects prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, failing func() float64) *metrics {
 	c := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 	}
@@ -19,6 +19,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		waits:          c("cdcrelay_janitor_backpressure_waits_total", "Times an ack waited for room among the unwritten marks (the publisher pauses meanwhile)."),
 		connects:       c("cdcrelay_janitor_connects_total", "Janitor connection attempts (made only when there is work, with backoff after failures)."),
 	}
-	reg.MustRegister(m.marked, m.errors, m.parked, m.parkUnrecorded, m.gone, m.waits, m.connects)
+	reg.MustRegister(m.marked, m.errors, m.parked, m.parkUnrecorded, m.gone, m.waits, m.connects,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cdcrelay_marks_failing_seconds",
+			Help: "How long the janitor's writes have failed without a success in between (0 while they succeed or nothing waits): the slot cannot pass unmarked events meanwhile."},
+			failing))
 	return m
 }

@@ -20,7 +20,36 @@ func (r *Relay) Status() string {
 	if d := r.detail.Load(); d != nil && *d != "" {
 		s += ": " + *d
 	}
+	if r.Role() == RoleStreaming {
+		if d := r.degraded(); d != "" {
+			s += ": " + d
+		}
+	}
 	return s
+}
+
+// degradedAfter is how long the marks may fail before the status of a
+// streaming relay says so: a database restart or a failover passes
+// quicker.
+const degradedAfter = 20 * time.Second
+
+// degraded says why a streaming relay does not do its whole job, "" when
+// it does: its marks fail, so the slot cannot pass the events they are for
+// (invariant 10) and WAL piles up while the events still flow. Readiness
+// stays: a restart would not help.
+func (r *Relay) degraded() string {
+	if r.outcomes == nil {
+		return ""
+	}
+	since, err := r.outcomes.Failing()
+	if since.IsZero() || time.Since(since) < degradedAfter || err == nil {
+		return ""
+	}
+	msg := strings.Join(strings.Fields(r.cfg.Scrub(err.Error())), " ")
+	if rs := []rune(msg); len(rs) > 2*retryDetailMax { // room for the grant the janitor's error names
+		msg = string(rs[:2*retryDetailMax]) + "…"
+	}
+	return fmt.Sprintf("degraded: marks failing for %s, so the slot cannot advance: %s", time.Since(since).Round(time.Second), msg)
 }
 
 func (r *Relay) setDetail(d string) { r.detail.Store(&d) }

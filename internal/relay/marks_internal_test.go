@@ -20,6 +20,15 @@ type marksFakeMarker struct {
 	dones   []func()
 	flushes int
 	refuse  error
+	// failSince and failErr are what Failing reports.
+	failSince time.Time
+	failErr   error
+}
+
+func (f *marksFakeMarker) Failing() (time.Time, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failSince, f.failErr
 }
 
 func (f *marksFakeMarker) Mark(_ context.Context, _ string, _ uint32, done func()) error {

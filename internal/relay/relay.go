@@ -34,6 +34,9 @@ type Outcomes interface {
 	Mark(ctx context.Context, id string, xid uint32, done func()) error
 	Park(ctx context.Context, id, reason string, done func()) error
 	Flush()
+	// Failing reports since when writing the outcomes has failed, and why
+	// (a zero time while it succeeds): the status says so (degraded).
+	Failing() (since time.Time, err error)
 }
 
 // Role is what the relay is doing now.

@@ -714,7 +714,7 @@ func TestMonitoring(t *testing.T) {
 		"CdcrelayMessagesNacked": {"sum by (namespace, service) (increase(cdcrelay_nacks_total{", "[5m])) > 0"},
 		"CdcrelayRestartStorm":   {"sum by (namespace, service) (increase(cdcrelay_pipeline_restarts_total{", "unless on (namespace, service) max_over_time(cdcrelay_stalled_event_info{"},
 		"CdcrelayBrokerBlocked":  {"max by (namespace, service) (cdcrelay_broker_blocked{"},
-		"CdcrelayMarkingFailing": {"sum by (namespace, service) (increase(cdcrelay_janitor_errors_total{"},
+		"CdcrelayMarkingFailing": {"max by (namespace, service) (cdcrelay_marks_failing_seconds{"},
 	}
 	for alert, parts := range wantExpr {
 		rules := byAlert[alert]

@@ -1,0 +1,48 @@
+package relay
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
+)
+
+// TestStatusDegraded: a streaming relay whose marks have failed for
+// degradedAfter says so, with the cause (scrubbed, one line), and stops
+// saying it once they succeed; a standby, whose janitor writes nothing,
+// and a short failure do not.
+func TestStatusDegraded(t *testing.T) {
+	m := &marksFakeMarker{}
+	r := &Relay{cfg: config.Config{DatabaseURL: "postgres://relay:s3cr3t@db/app"}, outcomes: m}
+	r.role.Store(int32(RoleStreaming))
+	if got := r.Status(); got != "streaming" {
+		t.Fatalf("healthy: %q", got)
+	}
+	m.failErr = errors.New("mark 3 events published: ERROR: permission denied for table event_outbox\n(password s3cr3t)")
+	m.failSince = time.Now().Add(-degradedAfter / 2)
+	if got := r.Status(); got != "streaming" {
+		t.Fatalf("failing for less than %s: %q", degradedAfter, got)
+	}
+	m.failSince = time.Now().Add(-degradedAfter - 5*time.Second)
+	got := r.Status()
+	if !strings.HasPrefix(got, "streaming: degraded: marks failing for 25s, so the slot cannot advance: mark 3 events published: ERROR: permission denied") ||
+		strings.Contains(got, "s3cr3t") || strings.Contains(got, "\n") {
+		t.Fatalf("failing for 25s: %q", got)
+	}
+	r.setDetail("broker blocked publishers (resource alarm: memory); waiting, nothing is lost")
+	if got := r.Status(); !strings.HasPrefix(got, "streaming: broker blocked publishers") || !strings.Contains(got, "nothing is lost: degraded: marks failing") {
+		t.Fatalf("with a detail: %q", got)
+	}
+	r.role.Store(int32(RoleStandby))
+	if got := r.Status(); strings.Contains(got, "degraded") {
+		t.Fatalf("a standby: %q", got)
+	}
+	r.role.Store(int32(RoleStreaming))
+	m.failSince, m.failErr = time.Time{}, nil
+	r.setDetail("")
+	if got := r.Status(); got != "streaming" {
+		t.Fatalf("after a success: %q", got)
+	}
+}
