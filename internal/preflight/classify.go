@@ -311,7 +311,7 @@ func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
 	case !p.covers && tf.kind == "":
 		// No publication can cover a table that is not there: the likely
 		// slip is CDCRELAY_TABLE (the table finding says it is missing).
-		remedy := "set CDCRELAY_TABLE to the outbox table"
+		remedy := fmt.Sprintf("set CDCRELAY_TABLE to the outbox table; or create %s (`cdcrelay migrate`), then add it: ALTER PUBLICATION %s ADD TABLE %s;", t.qualified(), pub, t.qualified())
 		if len(p.others) > 0 {
 			remedy = fmt.Sprintf("set CDCRELAY_TABLE to the table publication %s publishes (%s), or create %s with `cdcrelay migrate`", t.publication, strings.Join(p.others, ", "), t.qualified())
 		}

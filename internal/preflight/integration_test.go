@@ -357,10 +357,14 @@ func TestIntegrationCheckRealCluster(t *testing.T) {
 	t.Run("missing table", func(t *testing.T) {
 		t.Parallel()
 		fs, _ := newFixture(t, pg, amqpURL, `DROP TABLE event_outbox`).check(nil)
-		// Dropping the table also takes it out of the publication.
+		// Dropping the table also takes it out of the publication; a
+		// publication cannot be the remedy for a table that is not there.
 		want(t, fs,
 			[2]string{"table", "public.event_outbox does not exist"},
-			[2]string{"publication", "does not cover public.event_outbox"})
+			[2]string{"publication", "cannot cover public.event_outbox, which does not exist"})
+		if f := has(t, fs, "publication", preflight.Error, "cannot cover"); !strings.Contains(f.Remedy, "or create public.event_outbox (`cdcrelay migrate`), then add it") {
+			t.Errorf("remedy %q", f.Remedy)
+		}
 	})
 
 	t.Run("slot with another plugin", func(t *testing.T) {
