@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -45,8 +46,13 @@ func needsOperator(f preflight.Finding, err error) *OperatorError {
 // replicationDenied turns the server's refusal of a replication connection
 // to a role without the REPLICATION attribute into an OperatorError.
 func replicationDenied(err error, role string) error {
+	// 42501 on connecting also means no CONNECT on the database: only
+	// the walsender's refusal is about REPLICATION ("permission denied to
+	// start WAL sender", before 16 "must be superuser or replication role
+	// to start walsender").
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != pgerr.InsufficientPrivilege {
+	if !errors.As(err, &pgErr) || pgErr.Code != pgerr.InsufficientPrivilege ||
+		!strings.Contains(strings.ReplaceAll(strings.ToLower(pgErr.Message), " ", ""), "walsender") {
 		return err
 	}
 	return needsOperator(preflight.NoReplication(role), err)
@@ -61,7 +67,9 @@ func (r *Relay) canAdopt(ctx context.Context, sdb *pgx.Conn) error {
 	table := pgx.Identifier{r.target.Schema, r.target.Table}.Sanitize()
 	var level, role string
 	var canSelect bool
-	err := sdb.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user, has_table_privilege($1::regclass, 'SELECT')`, table).
+	// A table the slot's standby has not replayed yet is waited for
+	// later (awaitReplay), not judged here.
+	err := sdb.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user, coalesce(has_table_privilege(to_regclass($1), 'SELECT'), true)`, table).
 		Scan(&level, &role, &canSelect)
 	if err != nil {
 		return fmt.Errorf("read wal_level and the SELECT grant on %s: %w", table, err)
