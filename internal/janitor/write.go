@@ -162,6 +162,7 @@ func (j *Janitor) flushMarks(ctx context.Context) error {
 		for _, e := range ready {
 			e.done()
 		}
+		j.failing(nil) // a batch written: whatever fails next starts a new streak
 		j.settle(len(batch)-len(again), nil, nil)
 		if err != nil {
 			return err
