@@ -19,17 +19,9 @@ import (
 // the remedy, not only "channel closed".
 func TestIntegrationDeletedExchangeNamed(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
-	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	db, err := pgx.Connect(ctx, pg.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = db.Close(context.Background()) }()
-	if err := migrations.Apply(ctx, db); err != nil {
-		t.Fatal(err)
-	}
+	pg, db := migratedPostgres(ctx, t)
 	exchange := testenv.UniqueName("cdcrelay.deleted")
 	consumer := testenv.MustConsumer(t, amqpURL, exchange, testenv.UniqueName("cdcrelay.deleted"), "#") // declares the exchange
 	t.Cleanup(func() {
@@ -38,15 +30,7 @@ func TestIntegrationDeletedExchangeNamed(t *testing.T) {
 		_ = testenv.DeleteExchange(cctx, amqpURL, exchange) // already gone unless the test failed early
 	})
 
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CDCRELAY_") {
-			env = append(env, kv)
-		}
-	}
-	env = append(env, "CDCRELAY_DATABASE_URL="+pg.URL("postgres"), "CDCRELAY_AMQP_URL="+amqpURL,
-		"CDCRELAY_EXCHANGE="+exchange, "CDCRELAY_HTTP_ADDR=127.0.0.1:0")
-	relay := testenv.StartProcess(t, builds.Relay(t, true, ""), env, "run")
+	relay := testenv.StartProcess(t, builds.Relay(t, true, ""), relayEnviron(pg, amqpURL, exchange), "run")
 
 	insert := func() {
 		t.Helper()
@@ -85,6 +69,36 @@ func TestIntegrationDeletedExchangeNamed(t *testing.T) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// migratedPostgres starts a cluster with the outbox migrated into its
+// postgres database, and connects to it; both end with the test.
+func migratedPostgres(ctx context.Context, t *testing.T) (*testenv.Postgres, *pgx.Conn) {
+	t.Helper()
+	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
+	db, err := pgx.Connect(ctx, pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close(context.Background()) })
+	if err := migrations.Apply(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	return pg, db
+}
+
+// relayEnviron is the relay's environment for pg and the exchange: this
+// process's without its CDCRELAY_ variables, then extra (NAME=value).
+func relayEnviron(pg *testenv.Postgres, amqpURL, exchange string, extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "CDCRELAY_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "CDCRELAY_DATABASE_URL="+pg.URL("postgres"), "CDCRELAY_AMQP_URL="+amqpURL,
+		"CDCRELAY_EXCHANGE="+exchange, "CDCRELAY_HTTP_ADDR=127.0.0.1:0")
+	return append(env, extra...)
 }
 
 // lineWith returns the first line of s containing sub.

@@ -3,16 +3,12 @@ package main
 import (
 	"context"
 	"errors"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
-	"github.com/cdcrelay/cdcrelay/migrations"
 )
 
 // TestIntegrationFatalExitLoggedAtError: a relay configured for a table the
@@ -21,33 +17,17 @@ import (
 // filter looks, and only once.
 func TestIntegrationFatalExitLoggedAtError(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
-	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	db, err := pgx.Connect(ctx, pg.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = db.Close(context.Background()) }()
-	if err := migrations.Apply(ctx, db); err != nil {
-		t.Fatal(err)
-	}
+	pg, _ := migratedPostgres(ctx, t)
 	exchange := testenv.UniqueName("cdcrelay.fatal")
 	if err := testenv.DeclareExchange(ctx, amqpURL, exchange); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = testenv.DeleteExchange(context.Background(), amqpURL, exchange) })
 
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CDCRELAY_") {
-			env = append(env, kv)
-		}
-	}
-	env = append(env, "CDCRELAY_DATABASE_URL="+pg.URL("postgres"), "CDCRELAY_AMQP_URL="+amqpURL,
-		"CDCRELAY_EXCHANGE="+exchange, "CDCRELAY_HTTP_ADDR=127.0.0.1:0", "CDCRELAY_TABLE=public.event_outbx")
-	relay := testenv.StartProcess(t, builds.Relay(t, true, ""), env, "run")
-	err = relay.Wait(t, 30*time.Second)
+	relay := testenv.StartProcess(t, builds.Relay(t, true, ""), relayEnviron(pg, amqpURL, exchange, "CDCRELAY_TABLE=public.event_outbx"), "run")
+	err := relay.Wait(t, 30*time.Second)
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
 		t.Fatalf("exit %v, want status 1", err)
