@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -25,9 +26,24 @@ const tlsRefused = "server refused TLS connection"
 // Connect returns err unchanged unless it is a pgconn connection error
 // whose attempts include TLS refusals and some other failure: then its
 // message gives the other failures first and the refusals last, as what
-// they are. The original error stays in the chain, so errors.As still
-// finds the *pgconn.PgError (its SQLSTATE) and the *pgconn.ConnectError.
+// they are; or one that says the database does not exist, which gets the
+// remedy (the first thing a new user meets when the URL names a database
+// nobody created). The original error stays in the chain, so errors.As
+// still finds the *pgconn.PgError (its SQLSTATE) and the
+// *pgconn.ConnectError.
 func Connect(err error) error {
+	err = leadWithCause(err)
+	var pgErr *pgconn.PgError
+	var ce *pgconn.ConnectError
+	if errors.As(err, &pgErr) && pgErr.Code == InvalidCatalogName && errors.As(err, &ce) {
+		db := pgx.Identifier{ce.Config.Database}.Sanitize()
+		return &connectError{err: err, msg: fmt.Sprintf("%v: create it (CREATE DATABASE %s; as a role with CREATEDB), or name the service's database in the URL", err, db)}
+	}
+	return err
+}
+
+// leadWithCause puts the causes before the TLS refusals (Connect).
+func leadWithCause(err error) error {
 	var ce *pgconn.ConnectError
 	if !errors.As(err, &ce) {
 		return err

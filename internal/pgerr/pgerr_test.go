@@ -86,9 +86,23 @@ func TestIntegrationConnectLeadsWithTheCause(t *testing.T) {
 	}
 
 	t.Run("one attempt unchanged", func(t *testing.T) {
-		raw := connect(ctx, t, pg.URL("no_such_db")) // sslmode=disable: one attempt
+		u, err := url.Parse(pg.URL("postgres")) // sslmode=disable: one attempt
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword("pgerr_user", "wrong-password")
+		raw := connect(ctx, t, u.String())
 		if err := Connect(raw); !errors.Is(err, raw) || err.Error() != raw.Error() {
 			t.Fatalf("Connect changed %v into %v", raw, err)
+		}
+	})
+	t.Run("missing database: the remedy", func(t *testing.T) {
+		raw := connect(ctx, t, pg.URL("no_such_db"))
+		err := Connect(raw)
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, raw) || !errors.As(err, &pgErr) || pgErr.Code != InvalidCatalogName ||
+			!strings.HasPrefix(err.Error(), raw.Error()+`: create it (CREATE DATABASE "no_such_db"; as a role with CREATEDB)`) {
+			t.Fatalf("Connect(%v) = %v", raw, err)
 		}
 	})
 	t.Run("not a connection error", func(t *testing.T) {
