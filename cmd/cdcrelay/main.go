@@ -37,6 +37,7 @@ commands:
   run      stream outbox inserts to RabbitMQ (configuration: CDCRELAY_* variables, see docs/configuration.md)
   migrate  create the outbox table, its index and the publication (idempotent)
   check    preflight the database, role, publication, slot and broker; exits 1 on any error
+  tail     print what is published to CDCRELAY_EXCHANGE: cdcrelay tail [-n N] [-timeout D] [BINDING_KEY]
   version  print the version
 `
 
@@ -48,7 +49,7 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) != 1 {
+	if len(args) == 0 || (len(args) > 1 && args[0] != "tail") {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
@@ -62,6 +63,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = migrate(ctx, stderr)
 	case "check":
 		err = check(ctx, stdout, stderr)
+	case "tail":
+		err = tail(ctx, args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 	default:

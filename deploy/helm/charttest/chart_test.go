@@ -915,6 +915,7 @@ func TestNotes(t *testing.T) {
 		// check and logs with the real names; a paused source has no pod to exec in.
 		"kubectl -n svc exec deploy/rel-cdcrelay-orders -- /cdcrelay check",
 		"kubectl -n svc exec deploy/rel-cdcrelay-shipping -- /cdcrelay check",
+		"kubectl -n svc exec deploy/rel-cdcrelay-orders -- /cdcrelay tail '#'",
 		"rel-cdcrelay-legacy is paused",
 		"kubectl -n svc logs -l app.kubernetes.io/component=relay,app.kubernetes.io/instance=rel,app.kubernetes.io/name=cdcrelay,cdcrelay.io/source=billing-v2 --prefix -f"} {
 		if !strings.Contains(notes, want) {
