@@ -103,6 +103,7 @@ func (p *Publisher) settle(ctx context.Context, l *lane, f inflight) error {
 	p.acks.Ack(f.ref())
 	p.Resume.unstall(f.at, p.Metrics)
 	now := time.Now()
+	p.Metrics.lastConfirm.Set(float64(now.UnixNano()) / 1e9)
 	p.Metrics.confirmLatency.Observe(now.Sub(f.sent).Seconds())
 	if !f.commit.IsZero() {
 		p.Metrics.commitToAck.Observe(now.Sub(f.commit).Seconds())

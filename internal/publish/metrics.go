@@ -11,6 +11,7 @@ type Metrics struct {
 	returns        prometheus.Counter
 	blocked        prometheus.Gauge
 	poison         prometheus.Counter
+	lastConfirm    prometheus.Gauge
 	confirmLatency prometheus.Histogram
 	commitToAck    prometheus.Histogram
 	resumed        prometheus.Counter
@@ -44,6 +45,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		blocked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cdcrelay_broker_blocked", Help: "1 while the broker blocks publishers (resource alarm).",
 		}),
+		lastConfirm: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_last_confirm_timestamp_seconds", Help: "Unix time the broker last confirmed a published message (0: none since start).",
+		}),
 		confirmLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "cdcrelay_confirm_latency_seconds", Help: "Time from publish to broker confirm.", Buckets: buckets,
 		}),
@@ -67,6 +71,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.deadLetter.WithLabelValues(o)
 	}
 	reg.MustRegister(m.resumed, m.stalled, m.deadLetter, m.brokerLimit)
-	reg.MustRegister(m.published, m.bytes, m.inFlight, m.nacks, m.returns, m.blocked, m.poison, m.confirmLatency, m.commitToAck)
+	reg.MustRegister(m.published, m.bytes, m.inFlight, m.nacks, m.returns, m.blocked, m.poison, m.lastConfirm, m.confirmLatency, m.commitToAck)
 	return m
 }

@@ -32,7 +32,11 @@ func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgCon
 		return 0, err
 	}
 	r.adopting.Store(true)
-	defer r.adopting.Store(false)
+	r.metrics.backfilling.Set(1)
+	defer func() {
+		r.adopting.Store(false)
+		r.metrics.backfilling.Set(0)
+	}()
 	// A new slot is a new stream: nothing remembered of the old one applies.
 	r.resume.Forget()
 	r.log.Info("created replication slot; publishing the rows committed before it", "consistent_point", created.ConsistentPoint)

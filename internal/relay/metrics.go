@@ -9,6 +9,8 @@ type metrics struct {
 	connected       map[string]bool // sides connected at least once; touched by the Run goroutine only
 	slotLost        prometheus.Counter
 	backfilled      prometheus.Counter
+	// backfilling is 1 while a new slot's backlog is published.
+	backfilling prometheus.Gauge
 	role            *prometheus.GaugeVec
 	timeline        prometheus.Gauge
 
@@ -43,6 +45,10 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 			// progressing (CdcrelayNoStreamingRelay holds off meanwhile).
 			ConstLabels: prometheus.Labels{"slot": slotName},
 		}),
+		backfilling: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_backfill_running", Help: "1 while this relay publishes a new slot's backlog from its snapshot (adoption or recreation); with cdcrelay_backfill_events_total and cdcrelay_outbox_unpublished, the progress and what is left.",
+			ConstLabels: prometheus.Labels{"slot": slotName},
+		}),
 		timeline: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name:        "cdcrelay_postgres_timeline",
 			Help:        "Timeline of the PostgreSQL server the replication connection reached last; it changes when a standby is promoted.",
@@ -62,8 +68,21 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 		m.connectFailures.WithLabelValues(side)
 		m.reconnects.WithLabelValues(side)
 	}
-	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.brokerNodeSwitches, m.slotLost, m.backfilled, m.role, m.timeline)
+	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.brokerNodeSwitches, m.slotLost, m.backfilled, m.backfilling, m.role, m.timeline)
 	return m
+}
+
+// registerLimits exports the in-flight limits the relay runs with, so a
+// dashboard can set what is in flight against them.
+func registerLimits(reg prometheus.Registerer, events, bytes int64) {
+	gauge := func(name, help string, v int64) prometheus.Gauge {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+		g.Set(float64(v))
+		return g
+	}
+	reg.MustRegister(
+		gauge("cdcrelay_max_in_flight_events", "CDCRELAY_MAX_IN_FLIGHT: the most messages published and not yet confirmed (cdcrelay_confirms_in_flight).", events),
+		gauge("cdcrelay_max_in_flight_bytes", "CDCRELAY_MAX_IN_FLIGHT_BYTES: the most bytes of events between the WAL and the broker's confirm.", bytes))
 }
 
 func (m *metrics) setRole(role Role) {

@@ -85,6 +85,7 @@ func TestIntegrationMetricsUnderLoad(t *testing.T) {
 		"cdcrelay_events_decoded_total", "cdcrelay_events_published_total", "cdcrelay_published_bytes_total",
 		"cdcrelay_transactions_decoded_total", "cdcrelay_confirmed_lsn", "cdcrelay_janitor_marked_total",
 		"cdcrelay_confirm_latency_seconds_count", "cdcrelay_commit_to_ack_seconds_count",
+		"cdcrelay_last_event_timestamp_seconds", "cdcrelay_last_confirm_timestamp_seconds",
 	} {
 		if !(before[name] < mid[name] && mid[name] <= after[name]) {
 			t.Errorf("%s did not move under load: %v, %v, %v", name, before[name], mid[name], after[name])
@@ -106,6 +107,14 @@ func TestIntegrationMetricsUnderLoad(t *testing.T) {
 		"cdcrelay_nacks_total":                                                func(v float64) bool { return v == 0 },
 		"cdcrelay_returns_total":                                              func(v float64) bool { return v == 0 },
 		"cdcrelay_pipeline_restarts_total":                                    func(v float64) bool { return v == 0 },
+		// The relay's defaults; no backlog was left to adopt.
+		"cdcrelay_max_in_flight_events":    func(v float64) bool { return v == 1000 },
+		"cdcrelay_max_in_flight_bytes":     func(v float64) bool { return v == 16<<20 },
+		"cdcrelay_backfill_running" + slot: func(v float64) bool { return v == 0 },
+		"cdcrelay_marks_failing_seconds":   func(v float64) bool { return v == 0 },
+		"cdcrelay_last_event_timestamp_seconds": func(v float64) bool {
+			return time.Since(time.Unix(int64(v), 0)) < time.Minute
+		},
 	}
 	for name, ok := range checks {
 		v, present := after[name]

@@ -129,6 +129,7 @@ func New(cfg config.Config, outcomes Outcomes, log *slog.Logger, reg prometheus.
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
+	registerLimits(reg, int64(cfg.MaxInFlight), int64(cfg.MaxInFlightBytes))
 	return &Relay{
 		cfg: cfg,
 		mapping: wal.Mapping{

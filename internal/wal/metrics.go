@@ -5,7 +5,11 @@ import "github.com/prometheus/client_golang/prometheus"
 // Metrics are the replication stream's metrics. One value serves every
 // session of a process.
 type Metrics struct {
-	decoded   prometheus.Counter
+	decoded prometheus.Counter
+	// lastEvent is when an outbox row was last decoded: with the
+	// publisher's last confirm, the "time since" an on-call person asks
+	// for first.
+	lastEvent prometheus.Gauge
 	commits   prometheus.Counter
 	confirmed prometheus.Gauge
 	// statuses counts standby status updates sent; the walsender reads and
@@ -25,6 +29,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		decoded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_events_decoded_total",
 			Help: "Outbox rows decoded from the replication stream (including rows streamed again after a restart).",
+		}),
+		lastEvent: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_last_event_timestamp_seconds",
+			Help: "Unix time an outbox row was last decoded from the replication stream (0: none since start).",
 		}),
 		commits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_transactions_decoded_total",
@@ -47,6 +55,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Inserts from tables of the relay's publication that are provably not the outbox, skipped (including rows streamed again after a restart).",
 		}),
 	}
-	reg.MustRegister(m.decoded, m.commits, m.confirmed, m.statuses, m.keepalives, m.foreignSkipped)
+	reg.MustRegister(m.decoded, m.lastEvent, m.commits, m.confirmed, m.statuses, m.keepalives, m.foreignSkipped)
 	return m
 }

@@ -419,6 +419,7 @@ func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
 		ev := step.Event
 		ev.Seq = r.cfg.Positions.Event()
 		r.cfg.Metrics.decoded.Inc()
+		r.cfg.Metrics.lastEvent.SetToCurrentTime()
 		return &ev, nil
 	}
 	return nil, nil
