@@ -11,8 +11,8 @@ type metrics struct {
 	backfilled      prometheus.Counter
 	// backfilling is 1 while a new slot's backlog is published.
 	backfilling prometheus.Gauge
-	role            *prometheus.GaugeVec
-	timeline        prometheus.Gauge
+	role        *prometheus.GaugeVec
+	timeline    prometheus.Gauge
 
 	// brokerNodeSwitches counts sessions on another broker node than the
 	// session before (CDCRELAY_AMQP_URL lists several).
