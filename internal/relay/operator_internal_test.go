@@ -28,7 +28,7 @@ func TestReplicationDenied(t *testing.T) {
 		}
 	}
 	other := errors.New("dial tcp: connection refused")
-	if got := replicationDenied(other, "relay"); got != other {
+	if got := replicationDenied(other, "relay"); !errors.Is(got, other) || got.Error() != other.Error() {
 		t.Errorf("a non-PostgreSQL error changed: %v", got)
 	}
 }
