@@ -45,11 +45,8 @@ func (r *Relay) degraded() string {
 	if since.IsZero() || time.Since(since) < degradedAfter || err == nil {
 		return ""
 	}
-	msg := strings.Join(strings.Fields(r.cfg.Scrub(err.Error())), " ")
-	if rs := []rune(msg); len(rs) > 2*retryDetailMax { // room for the grant the janitor's error names
-		msg = string(rs[:2*retryDetailMax]) + "…"
-	}
-	return fmt.Sprintf("degraded: marks failing for %s, so the slot cannot advance: %s", time.Since(since).Round(time.Second), msg)
+	// Room for the grant the janitor's error names.
+	return fmt.Sprintf("degraded: marks failing for %s, so the slot cannot advance: %s", time.Since(since).Round(time.Second), r.statusLine(err.Error(), 2*retryDetailMax))
 }
 
 func (r *Relay) setDetail(d string) { r.detail.Store(&d) }
@@ -71,11 +68,17 @@ func (r *Relay) retryDetail(err error) string {
 		// The remedy is the point: room for it whole.
 		prefix, msg, most = "needs an operator: ", op.Problem+"; "+op.Remedy, 2*retryDetailMax
 	}
-	msg = strings.Join(strings.Fields(r.cfg.Scrub(msg)), " ") // one line for the probe's body
+	return prefix + r.statusLine(msg, most)
+}
+
+// statusLine makes msg fit a status: URLs' passwords scrubbed
+// (config.Scrub), one line for the probe's body, at most most runes.
+func (r *Relay) statusLine(msg string, most int) string {
+	msg = strings.Join(strings.Fields(r.cfg.Scrub(msg)), " ")
 	if rs := []rune(msg); len(rs) > most {
 		msg = string(rs[:most]) + "…"
 	}
-	return prefix + msg
+	return msg
 }
 
 // Owner reports whether this relay holds the slot lock now: it is the one

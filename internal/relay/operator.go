@@ -66,15 +66,17 @@ func replicationDenied(err error, role string) error {
 func (r *Relay) canAdopt(ctx context.Context, sdb *pgx.Conn) error {
 	table := pgx.Identifier{r.target.Schema, r.target.Table}.Sanitize()
 	var level, role string
-	var canSelect bool
+	var pending, canSelect bool
 	// A table the slot's standby has not replayed yet is waited for
-	// later (awaitReplay), not judged here.
-	err := sdb.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user, coalesce(has_table_privilege(to_regclass($1), 'SELECT'), true)`, table).
-		Scan(&level, &role, &canSelect)
+	// later (awaitReplay), not judged here. pending_restart: an ALTER
+	// SYSTEM already made and reloaded, whose remedy is the restart.
+	err := sdb.QueryRow(ctx, `SELECT s.setting, s.pending_restart, current_user, coalesce(has_table_privilege(to_regclass($1), 'SELECT'), true)
+		FROM pg_settings s WHERE s.name = 'wal_level'`, table).
+		Scan(&level, &pending, &role, &canSelect)
 	if err != nil {
 		return fmt.Errorf("read wal_level and the SELECT grant on %s: %w", table, err)
 	}
-	if f := preflight.ClassifyWALLevel(level, false); f.Severity != preflight.OK {
+	if f := preflight.ClassifyWALLevel(level, pending); f.Severity != preflight.OK {
 		return needsOperator(f, nil)
 	}
 	if !canSelect {

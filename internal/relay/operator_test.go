@@ -91,6 +91,13 @@ func TestIntegrationNeedsOperatorWALLevel(t *testing.T) {
 	if _, err := e.db.Exec(ctx, `ALTER SYSTEM SET wal_level = logical`); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := e.db.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		t.Fatal(err)
+	}
+	// Set and reloaded: what is left is the restart, and the remedy says so.
+	r.WaitFor(t, 30*time.Second, "the remedy to ask for the restart only", func() bool {
+		return strings.Contains(r.relay.Status(), "restart PostgreSQL: the new wal_level applies only after a restart")
+	})
 	if err := e.pg.Restart(ctx, "fast"); err != nil {
 		t.Fatal(err)
 	}
