@@ -15,8 +15,10 @@ CREATE TABLE IF NOT EXISTS event_outbox (
 -- queue every insert behind the longest open transaction, on every run.
 DO $$
 BEGIN
+    -- A table on the HOT layout (optional/hot_marks.sql, which creates
+    -- event_outbox_enqueued_idx) keeps no index naming published_at.
     IF NOT EXISTS (SELECT 1 FROM pg_class
-                   WHERE relname = 'event_outbox_unpublished_idx'
+                   WHERE relname IN ('event_outbox_unpublished_idx', 'event_outbox_enqueued_idx')
                      AND relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'event_outbox'::regclass)) THEN
         CREATE INDEX event_outbox_unpublished_idx
             ON event_outbox (enqueued_at) WHERE published_at IS NULL;

@@ -17,7 +17,7 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
-//go:embed *.sql
+//go:embed *.sql optional/*.sql
 var files embed.FS
 
 // lockKey serialises concurrent migrate runs (several replicas starting at
@@ -47,6 +47,13 @@ func ApplyTo(ctx context.Context, db *pgx.Conn, t Target) error {
 		sql, err := Render(name, t)
 		if err != nil {
 			return err
+		}
+		skip, err := skipped(ctx, db, t, sql)
+		if err != nil {
+			return fmt.Errorf("apply %s: %w", name, err)
+		}
+		if skip {
+			continue
 		}
 		if strings.HasPrefix(sql, noTransaction) {
 			err = applyOutsideTransaction(ctx, db, t, sql)

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,7 +36,7 @@ const usage = `usage: cdcrelay <command>
 
 commands:
   run      stream outbox inserts to RabbitMQ (configuration: CDCRELAY_* variables, see docs/configuration.md)
-  migrate  create the outbox table, its index and the publication (idempotent)
+  migrate  create the outbox table, its index and the publication (idempotent); -hot-marks: the HOT layout
   check    preflight the database, role, publication, slot and broker; exits 1 on any error
   tail     print what is published to CDCRELAY_EXCHANGE: cdcrelay tail [-n N] [-timeout D] [BINDING_KEY]
   version  print the version
@@ -49,7 +50,7 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (len(args) > 1 && args[0] != "tail") {
+	if len(args) == 0 || (len(args) > 1 && args[0] != "tail" && args[0] != "migrate") {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
@@ -60,7 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "run":
 		err = runRelay(ctx, stderr)
 	case "migrate":
-		err = migrate(ctx, stderr)
+		err = migrate(ctx, args[1:], stderr)
 	case "check":
 		err = check(ctx, stdout, stderr)
 	case "tail":
@@ -217,7 +218,16 @@ func httpHandler(reg *prometheus.Registry, r *relay.Relay) http.Handler {
 	return mux
 }
 
-func migrate(ctx context.Context, stderr io.Writer) error {
+func migrate(ctx context.Context, args []string, stderr io.Writer) error {
+	flags := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	flags.SetOutput(stderr)
+	hot := flags.Bool("hot-marks", false, "also put the table on the HOT layout (migrations/optional/hot_marks.sql: no index names published_at, fillfactor 50)")
+	if err := flags.Parse(args); err != nil {
+		return err
+	}
+	if flags.NArg() > 0 {
+		return fmt.Errorf("migrate takes no arguments, only -hot-marks (got %q)", flags.Args())
+	}
 	cfg, _, err := loadConfig(ctx, stderr)
 	if err != nil {
 		return err
@@ -237,7 +247,12 @@ func migrate(ctx context.Context, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := migrations.ApplyTo(ctx, db, migrations.Target{Schema: schema, Table: table, Publication: cfg.Publication}); err != nil {
+	target := migrations.Target{Schema: schema, Table: table, Publication: cfg.Publication}
+	apply := migrations.ApplyTo
+	if *hot {
+		apply = migrations.ApplyHOT
+	}
+	if err := apply(ctx, db, target); err != nil {
 		return err
 	}
 	// A publication of that name that already existed is left as it is:
@@ -249,6 +264,10 @@ func migrate(ctx context.Context, stderr io.Writer) error {
 	for _, rel := range foreign {
 		log.Warn("the publication also publishes a table that is not the outbox: the relay skips its inserts", "publication", cfg.Publication, "table", rel.Qualified())
 	}
-	log.Info("migrations applied", "files", migrations.Names(), "table", cfg.Table, "publication", cfg.Publication)
+	files := migrations.Names()
+	if *hot {
+		files = append(files, migrations.HOTFile)
+	}
+	log.Info("migrations applied", "files", files, "table", cfg.Table, "publication", cfg.Publication)
 	return nil
 }

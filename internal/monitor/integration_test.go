@@ -176,7 +176,7 @@ func TestIntegrationBacklogQueryPlan(t *testing.T) {
 	exec(t, db, `INSERT INTO event_outbox (routing_key, payload) SELECT 'k', '{}' FROM generate_series(1, 500)`)
 	exec(t, db, `INSERT INTO event_outbox (routing_key, payload, last_error) SELECT 'k', '{}', 'poison' FROM generate_series(1, 20)`)
 	exec(t, db, `VACUUM ANALYZE event_outbox`)
-	sql := backlogSQL(`"public"."event_outbox"`, columns{enqueuedAt: true, lastError: true})
+	sql := backlogSQL(backlogOnlySQL(`"public"."event_outbox"`, columns{enqueuedAt: true, lastError: true}, ""))
 	var plan []map[string]any
 	if err := db.QueryRow(context.Background(), `EXPLAIN (ANALYZE, FORMAT JSON) `+sql, "s1").Scan(&plan); err != nil {
 		t.Fatal(err)

@@ -53,10 +53,12 @@ type Monitor struct {
 	db     *pgx.Conn // the monitor's own connection; nil when closed
 	slotDB *pgx.Conn // its connection to SlotDatabaseURL, opened by the holder; nil when closed or unused
 	held   bool      // db's session holds the monitor lock
-	// sql is the query for the table as last inspected; "" until a
-	// connection has looked at the table, and again after a failure (the
-	// table may have changed).
-	sql    string
+	// plan is the backlog query for the table as last inspected; nil
+	// until a connection has looked at the table, and again after a
+	// failure (the table may have changed).
+	plan  *plan
+	floor floor // the bounded scan's, with plan
+
 	warned map[string]bool // missing columns already logged
 	others string          // the other relays' slots last logged, comma-separated
 }
@@ -127,7 +129,8 @@ func (m *Monitor) turn(ctx context.Context) {
 		m.log.Info("took the monitor lock: this replica refreshes the backlog and slot gauges")
 	}
 	if err := m.refresh(ctx); err != nil {
-		m.sql = "" // inspect the table again: it may have changed
+		m.plan = nil // inspect the table again: it may have changed
+		m.floor.reset()
 		m.fail(ctx, err)
 		// Give the lock up with the connection: a holder that cannot
 		// refresh must not keep another replica, which may succeed, from
@@ -146,7 +149,8 @@ func (m *Monitor) connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	m.db, m.sql = db, ""
+	m.db, m.plan = db, nil
+	m.floor.reset()
 	return nil
 }
 
@@ -207,7 +211,8 @@ func (m *Monitor) drop() {
 	}
 	closeConn(&m.db)
 	closeConn(&m.slotDB)
-	m.sql = ""
+	m.plan = nil
+	m.floor.reset()
 }
 
 // closeConn closes *db, if open, and forgets it.

@@ -4,43 +4,84 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
 
-// columns are the optional outbox columns the query depends on.
+// columns are the optional outbox columns the query depends on, and the
+// indexes it can use.
 type columns struct {
 	enqueuedAt, lastError bool
+	// unpublishedIndex: a valid index on published_at IS NULL rows
+	// (migrations/0001). enqueuedIndex: a valid index on every row's
+	// enqueued_at (the HOT layout's).
+	unpublishedIndex, enqueuedIndex bool
 }
 
-// inspect reads which optional columns the table has now.
+// inspect reads which optional columns and indexes the table has now.
 func (m *Monitor) inspect(ctx context.Context, table string) (columns, error) {
 	var c columns
 	err := m.db.QueryRow(ctx, `
-		SELECT coalesce(bool_or(attname = 'enqueued_at'), false), coalesce(bool_or(attname = 'last_error'), false)
+		SELECT coalesce(bool_or(attname = 'enqueued_at'), false), coalesce(bool_or(attname = 'last_error'), false),
+		       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = $1::regclass AND i.indisvalid
+		                 AND pg_get_expr(i.indpred, i.indrelid) = '(published_at IS NULL)'),
+		       EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+		               WHERE i.indrelid = $1::regclass AND i.indisvalid AND i.indpred IS NULL AND a.attname = 'enqueued_at')
 		FROM pg_attribute
 		WHERE attrelid = $1::regclass AND attname IN ('enqueued_at', 'last_error') AND attnum > 0 AND NOT attisdropped`,
-		table).Scan(&c.enqueuedAt, &c.lastError)
+		table).Scan(&c.enqueuedAt, &c.lastError, &c.unpublishedIndex, &c.enqueuedIndex)
 	if err != nil {
 		return c, fmt.Errorf("inspect %s: %w", table, err)
 	}
 	return c, nil
 }
 
+// plan is the backlog statement for the table as last inspected: full
+// reads every unpublished row; bounded, set only on a table with an index
+// on enqueued_at and none on its unpublished rows, reads those at or above
+// the floor (floor.go), its last parameter.
+type plan struct {
+	cols          columns
+	full, bounded string
+}
+
 // query returns the statement refresh runs on the outbox's database for
 // the table as it is now (backlogSQL, or backlogOnlySQL when the slot is on
-// another server), logging each missing optional column once.
-func (m *Monitor) query(ctx context.Context) (string, error) {
-	if m.sql != "" {
-		return m.sql, nil
-	}
+// another server) and its arguments, logging each missing optional column
+// once. The table is inspected on every refresh, so that a layout changed
+// under a running relay (cdcrelay migrate -hot-marks) is used at once; a
+// change forgets the floor.
+func (m *Monitor) query(ctx context.Context) (string, []any, error) {
 	table := pgx.Identifier{m.opts.Schema, m.opts.Table}.Sanitize()
 	cols, err := m.inspect(ctx, table)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
+	if m.plan == nil || m.plan.cols != cols {
+		m.plan = m.newPlan(table, cols)
+		m.floor.reset()
+	}
+	var args []any
+	if m.opts.SlotDatabaseURL == "" {
+		args = append(args, m.opts.Slot)
+	}
+	if m.plan.bounded == "" {
+		return m.plan.full, args, nil
+	}
+	if err := m.observeNow(ctx); err != nil {
+		return "", nil, err
+	}
+	if m.floor.at == nil {
+		return m.plan.full, args, nil
+	}
+	return m.plan.bounded, append(args, *m.floor.at), nil
+}
+
+// newPlan writes the statements for cols, logging what the table lacks.
+func (m *Monitor) newPlan(table string, cols columns) *plan {
 	if !cols.enqueuedAt && !m.warned["enqueued_at"] {
 		m.warned["enqueued_at"] = true
 		m.log.Warn("the outbox table has no enqueued_at column: cdcrelay_oldest_unpublished_age_seconds is NaN; the backlog count is still reported", "table", table)
@@ -49,11 +90,26 @@ func (m *Monitor) query(ctx context.Context) (string, error) {
 		m.warned["last_error"] = true
 		m.log.Info("the outbox table has no last_error column: parked rows cannot be told apart, cdcrelay_outbox_parked is 0 and parked rows count as unpublished", "table", table)
 	}
-	m.sql = backlogSQL(table, cols)
-	if m.opts.SlotDatabaseURL != "" {
-		m.sql = backlogOnlySQL(table, cols)
+	bounded := !cols.unpublishedIndex && cols.enqueuedAt && cols.enqueuedIndex
+	if !cols.unpublishedIndex && !bounded && !m.warned["index"] {
+		m.warned["index"] = true
+		m.log.Warn("no index serves the backlog query (one on published_at IS NULL rows, or on enqueued_at): each refresh reads the whole table", "table", table)
 	}
-	return m.sql, nil
+	wrap := func(backlog string) string {
+		if m.opts.SlotDatabaseURL != "" {
+			return backlog
+		}
+		return backlogSQL(backlog)
+	}
+	p := &plan{cols: cols, full: wrap(backlogOnlySQL(table, cols, ""))}
+	if bounded {
+		param := "$1"
+		if m.opts.SlotDatabaseURL == "" {
+			param = "$2" // after the slot's name
+		}
+		p.bounded = wrap(backlogOnlySQL(table, cols, param))
+	}
+	return p
 }
 
 // backlogOnlySQL reads the backlog alone, in one pass over the unpublished
@@ -61,21 +117,33 @@ func (m *Monitor) query(ctx context.Context) (string, error) {
 // migrations/0001 (event_outbox_unpublished_idx), so the cost follows the
 // backlog, not the table (published rows waiting for retention are never
 // read). Parked rows (last_error set) are counted apart and kept out of the
-// count and the age: they wait for an operator, not for the relay.
-func backlogOnlySQL(table string, cols columns) string {
-	notParked, parked := "true", "false"
+// count and the age: they wait for an operator, not for the relay. With
+// floorParam (the HOT layout: no such index) it reads the rows with
+// enqueued_at at or above that parameter, along the index on enqueued_at,
+// and counts the parked rows of the whole table apart (the layout's index
+// on them), since a parked row does not hold the floor.
+func backlogOnlySQL(table string, cols columns, floorParam string) string {
+	notParked, parked := "true", "count(*) FILTER (WHERE false)"
 	if cols.lastError {
-		notParked, parked = "last_error IS NULL", "last_error IS NOT NULL"
+		notParked, parked = "last_error IS NULL", "count(*) FILTER (WHERE last_error IS NOT NULL)"
+		if floorParam != "" {
+			parked = fmt.Sprintf("(SELECT count(*) FROM %s WHERE last_error IS NOT NULL AND published_at IS NULL)", table)
+		}
 	}
-	age := "NULL::float8"
+	age, oldestAt := "NULL::float8", "NULL::timestamptz"
 	if cols.enqueuedAt {
-		age = fmt.Sprintf("coalesce(extract(epoch FROM now() - min(enqueued_at) FILTER (WHERE %s)), 0)::float8", notParked)
+		oldestAt = fmt.Sprintf("min(enqueued_at) FILTER (WHERE %s)", notParked)
+		age = fmt.Sprintf("coalesce(extract(epoch FROM now() - %s), 0)::float8", oldestAt)
+	}
+	where := "published_at IS NULL"
+	if floorParam != "" {
+		where = fmt.Sprintf("enqueued_at >= %s::timestamptz AND published_at IS NULL", floorParam)
 	}
 	return fmt.Sprintf(`
 		SELECT count(*) FILTER (WHERE %[2]s) AS unpublished,
-		       count(*) FILTER (WHERE %[3]s) AS parked,
-		       %[4]s AS oldest
-		FROM %[1]s WHERE published_at IS NULL`, table, notParked, parked, age)
+		       %[3]s AS parked,
+		       %[4]s AS oldest, %[5]s AS oldest_at
+		FROM %[1]s WHERE %[6]s`, table, notParked, parked, age, oldestAt, where)
 }
 
 // slotHealth is the slot's part of a reading: its row of
@@ -88,11 +156,11 @@ const slotHealth = `s.wal_status, s.safe_wal_size,
 
 // backlogSQL is one statement for every gauge when the slot is on the
 // outbox's server, a primary.
-func backlogSQL(table string, cols columns) string {
+func backlogSQL(backlog string) string {
 	return `
-		SELECT b.unpublished, b.parked, b.oldest,
+		SELECT b.unpublished, b.parked, b.oldest, b.oldest_at,
 		       ` + slotHealth + `
-		FROM (` + backlogOnlySQL(table, cols) + `) b
+		FROM (` + backlog + `) b
 		CROSS JOIN (SELECT pg_current_wal_lsn() AS lsn) w
 		LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
 }
@@ -112,20 +180,22 @@ func (m *Monitor) refresh(ctx context.Context) error {
 	}
 	qctx, cancel := m.statementContext(ctx)
 	defer cancel()
-	sql, err := m.query(qctx)
+	sql, args, err := m.query(qctx)
 	if err != nil {
 		return err
 	}
 	var unpublished, parked int64
 	var retained, lag float64
 	var age *float64
+	var oldestAt *time.Time
 	var status *string
 	var safe *int64
-	backlog := []any{&unpublished, &parked, &age}
+	backlog := []any{&unpublished, &parked, &age, &oldestAt}
 	health := []any{&status, &safe, &retained, &lag}
-	if err := m.readGauges(qctx, sql, backlog, health); err != nil {
+	if err := m.readGauges(qctx, sql, args, backlog, health); err != nil {
 		return err
 	}
+	m.floor.scanned(oldestAt)
 	others, err := m.otherRelays(qctx)
 	if err != nil {
 		return err
@@ -148,14 +218,14 @@ func (m *Monitor) refresh(ctx context.Context) error {
 // destinations: with one statement (sql, backlogSQL) when the slot is on
 // the outbox's server, else sql (backlogOnlySQL) there and slotOnlySQL on
 // the slot's (slotDB).
-func (m *Monitor) readGauges(ctx context.Context, sql string, backlog, health []any) error {
+func (m *Monitor) readGauges(ctx context.Context, sql string, args, backlog, health []any) error {
 	if m.opts.SlotDatabaseURL == "" {
-		if err := m.db.QueryRow(ctx, sql, m.opts.Slot).Scan(append(backlog, health...)...); err != nil {
+		if err := m.db.QueryRow(ctx, sql, args...).Scan(append(backlog, health...)...); err != nil {
 			return fmt.Errorf("read backlog and slot health: %w", err)
 		}
 		return nil
 	}
-	if err := m.db.QueryRow(ctx, sql).Scan(backlog...); err != nil {
+	if err := m.db.QueryRow(ctx, sql, args...).Scan(backlog...); err != nil {
 		return fmt.Errorf("read backlog: %w", err)
 	}
 	if err := m.slotDB.QueryRow(ctx, slotOnlySQL, m.opts.Slot).Scan(health...); err != nil {

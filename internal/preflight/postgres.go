@@ -99,6 +99,9 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 			fs = append(fs, classifyColumns(t, tf)...)
 			fs = append(fs, classifyParkColumns(t, tf)...)
 			fs = append(fs, s.retention(ctx, tf))
+			if tf.kind == "r" {
+				fs = append(fs, s.marks(ctx))
+			}
 		}
 	} else {
 		fs = append(fs, tableOK)

@@ -53,5 +53,5 @@ func classifyRetention(t target, tf tableFacts, indexed bool) Finding {
 			Message: fmt.Sprintf("%s has no index on (enqueued_at) for published rows: retention reads the whole table on every run instead of only the expired rows", t.qualified()),
 			Remedy:  index + " (migrations/0003_retention_index.sql)"}
 	}
-	return Finding{Check: checkRetention, Message: "enqueued_at is indexed for published rows: retention reads only the expired rows"}
+	return Finding{Check: checkRetention, Message: "enqueued_at is indexed: retention reads only the expired rows"}
 }
