@@ -100,14 +100,19 @@ func (f *floor) scanned(oldest *time.Time) {
 func (f *floor) reset() { *f = floor{} }
 
 // readingSQL reads now (less a second: a transaction's start time is taken
-// a moment before its virtual id is visible in pg_locks) and the virtual
-// transaction ids held open in this database by other sessions.
+// a moment before its virtual id is visible in pg_locks), the virtual
+// transaction ids held open in this database by other sessions, and its
+// prepared transactions (PREPARE TRANSACTION gives up the virtual id; the
+// transaction, and its rows, commit later).
 const readingSQL = `
-	SELECT now() - interval '1 second', coalesce(array_agg(l.virtualxid::text), '{}')
-	FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-	WHERE l.locktype = 'virtualxid' AND l.mode = 'ExclusiveLock' AND l.granted
-	  AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
-	  AND l.pid <> pg_backend_pid()`
+	SELECT now() - interval '1 second', coalesce(array_agg(id), '{}')
+	FROM (SELECT l.virtualxid::text AS id
+	      FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+	      WHERE l.locktype = 'virtualxid' AND l.mode = 'ExclusiveLock' AND l.granted
+	        AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+	        AND l.pid <> pg_backend_pid()
+	      UNION ALL
+	      SELECT 'prepared ' || p.transaction::text FROM pg_prepared_xacts p WHERE p.database = current_database()) o`
 
 // observeNow reads and records now's reading. It runs as a statement of its
 // own before the scan, so that the scan's snapshot, taken after, sees every

@@ -19,8 +19,18 @@ import (
 // hotDatabase is database with the outbox moved to the HOT layout.
 func hotDatabase(t *testing.T) (*pgx.Conn, string) {
 	t.Helper()
-	db, dbURL := database(t)
+	// Prepared transactions too: one is open without a backend.
+	pg := testenv.MustPostgres(t, testenv.PostgresOptions{Settings: map[string]string{"max_prepared_transactions": "2"}})
 	ctx := context.Background()
+	if err := pg.CreateDatabase(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	dbURL := pg.URL("app")
+	db, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close(context.Background()) })
 	if err := migrations.ApplyHOT(ctx, db, migrations.Default); err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +178,39 @@ func TestIntegrationHOTLayoutBacklog(t *testing.T) {
 	if !m.floor.at.After(began) || !m.floor.at.After(start) {
 		t.Fatalf("floor %v did not move past the transaction's start %v once it ended", m.floor.at, began)
 	}
+
+	// A prepared transaction holds the floor too, though no session holds
+	// it open.
+	prep, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = prep.Close(ctx) }()
+	var prepared time.Time
+	for _, q := range []string{`BEGIN`, `INSERT INTO event_outbox (routing_key, payload) VALUES ('prepared', '{}') RETURNING enqueued_at`, `PREPARE TRANSACTION 'hot_test'`} {
+		if q == `BEGIN` || q[0] == 'P' {
+			exec(t, prep, q)
+			continue
+		}
+		if err := prep.QueryRow(ctx, q).Scan(&prepared); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		time.Sleep(1100 * time.Millisecond)
+		publishedBatch()
+		if got := m.refreshed(t); got[unpublished] != 0 {
+			t.Fatalf("unpublished %v before the prepared transaction committed, want 0", got[unpublished])
+		}
+	}
+	if !m.floor.at.Before(prepared) {
+		t.Fatalf("floor %v passed the start %v of a prepared transaction", m.floor.at, prepared)
+	}
+	exec(t, db, `COMMIT PREPARED 'hot_test'`)
+	if got := m.refreshed(t); got[unpublished] != 1 {
+		t.Fatalf("unpublished %v after the prepared transaction committed, want 1", got[unpublished])
+	}
+	exec(t, db, `UPDATE event_outbox SET published_at = now() WHERE routing_key = 'prepared'`)
 
 	// A row that stays unpublished holds the floor; parked rows far below
 	// it are counted all the same.
