@@ -132,6 +132,7 @@ func runChecks(t *testing.T, vars map[string]string) ([]preflight.Finding, strin
 	if strings.Contains(out, rolePassword) {
 		t.Fatalf("the report contains the password")
 	}
+	remediesParse(t, fs)
 	return fs, out
 }
 
