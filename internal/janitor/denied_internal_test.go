@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -22,5 +23,31 @@ func TestExplainDenied(t *testing.T) {
 	other := errors.New("connection refused")
 	if got := j.explainDenied(other); got.Error() != other.Error() {
 		t.Errorf("explainDenied changed another error: %v", got)
+	}
+}
+
+// TestFailingReportsWaits: written marks that wait for a standby are
+// reported by Failing, with a *WaitError and since when, while no write
+// fails; a failing write takes precedence; the end of the wait clears it.
+func TestFailingReportsWaits(t *testing.T) {
+	j := &Janitor{}
+	began := time.Now().Add(-time.Minute)
+	j.stalled(began, &WaitError{What: "the standby has not replayed the marks up to 0/1 yet"})
+	since, err := j.Failing()
+	var w *WaitError
+	if !since.Equal(began) || !errors.As(err, &w) {
+		t.Fatalf("waiting: %v, %v", since, err)
+	}
+	j.failing(errors.New("permission denied"))
+	if since, err := j.Failing(); since.Equal(began) || err == nil || err.Error() != "permission denied" {
+		t.Fatalf("failing while waiting: %v, %v", since, err)
+	}
+	j.failing(nil)
+	if since, err := j.Failing(); !since.Equal(began) || !errors.As(err, &w) {
+		t.Fatalf("waiting again after the write succeeded: %v, %v", since, err)
+	}
+	j.stalled(began, nil)
+	if since, err := j.Failing(); !since.IsZero() || err != nil {
+		t.Fatalf("after the wait: %v, %v", since, err)
 	}
 }

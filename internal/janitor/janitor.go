@@ -100,6 +100,11 @@ type Janitor struct {
 	// failure: Failing.
 	failSince time.Time
 	failErr   error
+	// waitSince is when written marks began to wait for a standby (the
+	// slot's, or those in synchronized_standby_slots) longer than
+	// standbyWarn, zero when they do not; waitErr says for what: stalled.
+	waitSince time.Time
+	waitErr   error
 
 	// Only the Run goroutine uses the fields below.
 	db       *pgx.Conn
@@ -134,7 +139,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
 	}
 	opts.BackoffMax = max(opts.BackoffMax, opts.BackoffMin)
 	j := &Janitor{opts: opts, log: log, wake: make(chan struct{}, 1), stopping: make(chan struct{})}
-	j.metrics = newMetrics(reg, func() float64 {
+	j.metrics = newMetrics(reg, opts.Slot, func() float64 {
 		if since, _ := j.Failing(); !since.IsZero() {
 			return time.Since(since).Seconds()
 		}
@@ -147,10 +152,33 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
 // between, and the last failure; a zero time while they succeed or nothing
 // waits to be written. The relay's status says so after a while: the slot
 // cannot pass the unmarked events (invariant 10).
+// Marks written but waiting for a standby (stalled) hold the slot back as
+// well, and are reported the same way, with a *WaitError, while no write
+// fails.
 func (j *Janitor) Failing() (since time.Time, err error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if j.failSince.IsZero() {
+		return j.waitSince, j.waitErr
+	}
 	return j.failSince, j.failErr
+}
+
+// WaitError is what written marks wait for before the slot may pass them.
+type WaitError struct{ What string }
+
+func (e *WaitError) Error() string { return e.What }
+
+// stalled records that written marks have waited since began for what
+// (nil: they wait no more).
+func (j *Janitor) stalled(began time.Time, what *WaitError) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if what == nil {
+		j.waitSince, j.waitErr = time.Time{}, nil
+		return
+	}
+	j.waitSince, j.waitErr = began, what
 }
 
 // failing records a write's outcome for Failing.

@@ -66,6 +66,7 @@ func (j *Janitor) awaitStandbys(ctx context.Context, lsn, setting string) error 
 	}
 	began := time.Now()
 	warned := false
+	defer j.stalled(began, nil)
 	for {
 		var behind []string
 		if err := j.db.QueryRow(ctx, behindSQL, lsn, names).Scan(&behind); err != nil {
@@ -80,6 +81,7 @@ func (j *Janitor) awaitStandbys(ctx context.Context, lsn, setting string) error 
 		if !warned && time.Since(began) > standbyWarn {
 			warned = true
 			j.log.Warn("marks wait for standbys in synchronized_standby_slots to flush them before the slot may pass their rows", "behind", behind, "lsn", lsn)
+			j.stalled(began, &WaitError{What: fmt.Sprintf("the standbys of synchronized_standby_slots %v have not flushed the marks up to %s yet", behind, lsn)})
 		}
 		select {
 		case <-ctx.Done():

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
@@ -34,8 +35,9 @@ func (r *Relay) Status() string {
 const degradedAfter = 20 * time.Second
 
 // degraded says why a streaming relay does not do its whole job, "" when
-// it does: its marks fail, so the slot cannot pass the events they are for
-// (invariant 10) and WAL piles up while the events still flow. Readiness
+// it does: its marks fail, or wait for a standby, so the slot cannot pass
+// the events they are for (invariant 10) and WAL piles up while the events
+// still flow. Readiness
 // stays: a restart would not help.
 func (r *Relay) degraded() string {
 	if r.outcomes == nil {
@@ -45,8 +47,12 @@ func (r *Relay) degraded() string {
 	if since.IsZero() || time.Since(since) < degradedAfter || err == nil {
 		return ""
 	}
+	how := "failing"
+	if errors.As(err, new(*janitor.WaitError)) {
+		how = "waiting" // written, not yet on a standby the slot needs them on
+	}
 	// Room for the grant the janitor's error names.
-	return fmt.Sprintf("degraded: marks failing for %s, so the slot cannot advance: %s", time.Since(since).Round(time.Second), r.statusLine(err.Error(), 2*retryDetailMax))
+	return fmt.Sprintf("degraded: marks %s for %s, so the slot cannot advance: %s", how, time.Since(since).Round(time.Second), r.statusLine(err.Error(), 2*retryDetailMax))
 }
 
 func (r *Relay) setDetail(d string) { r.detail.Store(&d) }

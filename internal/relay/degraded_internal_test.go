@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/janitor"
 )
 
 // TestStatusDegraded: a streaming relay whose marks have failed for
@@ -44,5 +45,10 @@ func TestStatusDegraded(t *testing.T) {
 	r.setDetail("")
 	if got := r.Status(); got != "streaming" {
 		t.Fatalf("after a success: %q", got)
+	}
+	// Marks written but waiting for the standby that holds the slot.
+	m.failSince, m.failErr = time.Now().Add(-degradedAfter-time.Second), &janitor.WaitError{What: "the standby that holds the slot (CDCRELAY_REPLICATION_URL) has not replayed the marks up to 0/3000060 yet"}
+	if got := r.Status(); got != "streaming: degraded: marks waiting for 21s, so the slot cannot advance: the standby that holds the slot (CDCRELAY_REPLICATION_URL) has not replayed the marks up to 0/3000060 yet" {
+		t.Fatalf("waiting for the standby: %q", got)
 	}
 }

@@ -254,3 +254,41 @@ func TestIntegrationStandbyCheck(t *testing.T) {
 		t.Fatalf("without the grant, the findings do not name it:\n%s", standby)
 	}
 }
+
+// TestIntegrationStandbySlotReplayDelayDegraded: the standby that holds the
+// slot replays 30 s behind the primary (recovery_min_apply_delay). The
+// events arrive once it has replayed them; their marks, written on the
+// primary at once, then wait 30 s for the standby to replay them, and the
+// slot may not pass them meanwhile: after 20 s of that /readyz says
+// `streaming: degraded: marks waiting for …`. Once the delay is lifted the
+// status is healthy again and every row is marked.
+func TestIntegrationStandbySlotReplayDelayDegraded(t *testing.T) {
+	t.Parallel()
+	w := newStandbyWorld(t, testenv.StandbyOptions{Slot: "sb_delay"})
+	r := w.start(t, nil)
+	ctx := context.Background()
+	for _, q := range []string{`ALTER SYSTEM SET recovery_min_apply_delay = '30s'`, `SELECT pg_reload_conf()`} {
+		if _, err := w.standby.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, _ := insertTxns(t, w.primary, "k", 3, 2)
+	waitAll(t, w.consumer, rows, 90*time.Second)
+	var status string
+	waitUntil(t, 60*time.Second, "the status to say the marks wait", func() bool {
+		status = r.Relay.Status()
+		return strings.HasPrefix(status, "streaming: degraded: marks waiting for ") &&
+			strings.Contains(status, "the standby that holds the slot (CDCRELAY_REPLICATION_URL) has not replayed the marks up to ")
+	})
+	t.Logf("status while the standby replays 30 s late: %s", status)
+	for _, q := range []string{`ALTER SYSTEM RESET recovery_min_apply_delay`, `SELECT pg_reload_conf()`} {
+		if _, err := w.standby.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, 60*time.Second, "a healthy status", func() bool { return r.Relay.Status() == "streaming" })
+	waitUntil(t, 60*time.Second, "every row marked on the primary", func() bool {
+		var n int
+		return w.primary.QueryRow(ctx, `SELECT count(*) FROM event_outbox WHERE published_at IS NULL`).Scan(&n) == nil && n == 0
+	})
+}
