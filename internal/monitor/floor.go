@@ -14,8 +14,9 @@ import (
 // committed now or later, is published or parked. Rows take enqueued_at
 // from DEFAULT now(), their transaction's start, so a row can still commit
 // below a time t only from a transaction that was open at t. A reading
-// records t and the virtual transaction ids open in the database then
-// (pg_locks, which every role may read); once none of them is open any
+// records t and the transactions open in the database then (virtual ids
+// in pg_locks, and prepared transactions, which every role may read);
+// once none of them is open any
 // more, every row below t is committed, and the scan that follows sees it.
 // The floor then moves to t, or to the oldest unpublished row that scan
 // found if that is older: a row stuck unpublished holds the floor, and
@@ -29,8 +30,9 @@ type openAt struct {
 }
 
 // maxPending bounds the readings kept while a long transaction holds them
-// all open. When full, the newest replaces the last: the floor skips the
-// readings in between, and moves no later than it could.
+// all open. When full, the newest replaces the last: the floor can then
+// not stop at the readings dropped, only at earlier or later ones, which
+// is as safe.
 const maxPending = 1000
 
 // floor is the bounded scan's state. Only the monitor's Run goroutine uses
