@@ -6,7 +6,10 @@ type metrics struct {
 	marked, errors, parked, parkUnrecorded, gone, waits, connects prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, failing func() float64) *metrics {
+// newMetrics registers the janitor's metrics. cdcrelay_marks_failing_seconds,
+// which the chart's CdcrelayMarkingFailing groups by source, carries the
+// relay's slot as a constant label.
+func newMetrics(reg prometheus.Registerer, slot string, failing func() float64) *metrics {
 	c := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 	}
@@ -21,7 +24,8 @@ func newMetrics(reg prometheus.Registerer, failing func() float64) *metrics {
 	}
 	reg.MustRegister(m.marked, m.errors, m.parked, m.parkUnrecorded, m.gone, m.waits, m.connects,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cdcrelay_marks_failing_seconds",
-			Help: "How long the janitor's writes have failed without a success in between (0 while they succeed or nothing waits): the slot cannot pass unmarked events meanwhile."},
+			Help:        "How long the janitor's writes have failed without a success in between, or written marks have waited more than 5 s for a standby the slot needs them on (0 otherwise): the slot cannot pass those events meanwhile.",
+			ConstLabels: prometheus.Labels{"slot": slot}},
 			failing))
 	return m
 }

@@ -121,7 +121,7 @@ func startStuckPublisher(t *testing.T, ctx context.Context, l *Link, exchange st
 		Exchange:    exchange,
 		MaxInFlight: 1000, MaxInFlightBytes: 1 << 30, ConfirmTimeout: time.Minute, MaxMessageBytes: 1 << 20,
 		Log:     slog.New(slog.DiscardHandler),
-		Metrics: NewMetrics(prometheus.NewRegistry()),
+		Metrics: NewMetrics(prometheus.NewRegistry(), ""),
 	})
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()

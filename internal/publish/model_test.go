@@ -131,7 +131,7 @@ func newModel(t testing.TB, seed uint64, o modelOpts) *model {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	m := &model{
 		t: t, o: o, rng: rng, events: map[string]*modelEvent{},
-		metrics: NewMetrics(prometheus.NewRegistry()), log: slog.New(slog.DiscardHandler),
+		metrics: NewMetrics(prometheus.NewRegistry(), ""), log: slog.New(slog.DiscardHandler),
 		marked: map[string]bool{}, parked: map[string]bool{}, resume: &Resume{},
 	}
 	keys := make([]string, 1+rng.IntN(6))

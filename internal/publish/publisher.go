@@ -137,7 +137,7 @@ func NewPublisher(link *Link, in <-chan wal.Event, acks Acker, budget *semaphore
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Metrics == nil {
-		cfg.Metrics = NewMetrics(prometheus.NewRegistry())
+		cfg.Metrics = NewMetrics(prometheus.NewRegistry(), "")
 	}
 	return &Publisher{PublisherConfig: cfg, link: link, in: in, acks: acks, budget: budget, drained: make(chan struct{})}
 }

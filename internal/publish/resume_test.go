@@ -99,7 +99,7 @@ func TestResumeJudge(t *testing.T) {
 // it is done, and survives Forget; so does the broker's limit.
 func TestResumeStallAndLimit(t *testing.T) {
 	r := &Resume{}
-	m := NewMetrics(prometheus.NewRegistry())
+	m := NewMetrics(prometheus.NewRegistry(), "")
 	r.stall(Stall{ID: "s", Exchange: "events", RoutingKey: "nowhere", Cause: CauseNoRoute, At: at(100, 3)}, m)
 	r.learnLimit(1<<20, m)
 	r.Forget()

@@ -36,7 +36,7 @@ func TestPublisherEndsAfterFailureWithIdleInput(t *testing.T) {
 				Exchange:    b.exchange,
 				MaxInFlight: 8, MaxInFlightBytes: 1 << 20, ConfirmTimeout: time.Hour,
 				MaxMessageBytes: 1 << 20,
-				Log:             slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
+				Log:             slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry(), ""),
 			})
 			done := make(chan error, 1)
 			go func() { done <- p.Run(context.Background()) }()

@@ -23,6 +23,8 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 	m := &metrics{
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_pipeline_restarts_total", Help: "Sessions that failed and were restarted from the slot.",
+			// The chart's CdcrelayRestartStorm groups by source and slot.
+			ConstLabels: prometheus.Labels{"slot": slotName},
 		}),
 		connectFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cdcrelay_connect_failures_total", Help: "Failed connection attempts, by side (postgres or broker).",

@@ -81,10 +81,11 @@ func TestIntegrationMetricsUnderLoad(t *testing.T) {
 	time.Sleep(time.Second)
 	after := scrape(t, addr)
 
+	slot := `{slot="` + slotName + `"}`
 	for _, name := range []string{
 		"cdcrelay_events_decoded_total", "cdcrelay_events_published_total", "cdcrelay_published_bytes_total",
 		"cdcrelay_transactions_decoded_total", "cdcrelay_confirmed_lsn", "cdcrelay_janitor_marked_total",
-		"cdcrelay_confirm_latency_seconds_count", "cdcrelay_commit_to_ack_seconds_count",
+		"cdcrelay_confirm_latency_seconds_count", "cdcrelay_commit_to_ack_seconds_count" + slot,
 		"cdcrelay_last_event_timestamp_seconds", "cdcrelay_last_confirm_timestamp_seconds",
 	} {
 		if !(before[name] < mid[name] && mid[name] <= after[name]) {
@@ -94,7 +95,6 @@ func TestIntegrationMetricsUnderLoad(t *testing.T) {
 	if got := after["cdcrelay_events_published_total"]; got < float64(len(first)+len(rows)) {
 		t.Errorf("published %v, want at least %d", got, len(first)+len(rows))
 	}
-	slot := `{slot="` + slotName + `"}`
 	checks := map[string]func(float64) bool{
 		`cdcrelay_role{role="streaming",slot="` + slotName + `"}`:             func(v float64) bool { return v == 1 },
 		`cdcrelay_role{role="standby",slot="` + slotName + `"}`:               func(v float64) bool { return v == 0 },
@@ -104,14 +104,14 @@ func TestIntegrationMetricsUnderLoad(t *testing.T) {
 		"cdcrelay_outbox_unpublished" + slot:                                  func(v float64) bool { return v == 0 },
 		"cdcrelay_oldest_unpublished_age_seconds" + slot:                      func(v float64) bool { return v == 0 },
 		"cdcrelay_confirms_in_flight":                                         func(v float64) bool { return v == 0 },
-		"cdcrelay_nacks_total":                                                func(v float64) bool { return v == 0 },
+		"cdcrelay_nacks_total" + slot:                                         func(v float64) bool { return v == 0 },
 		"cdcrelay_returns_total":                                              func(v float64) bool { return v == 0 },
-		"cdcrelay_pipeline_restarts_total":                                    func(v float64) bool { return v == 0 },
+		"cdcrelay_pipeline_restarts_total" + slot:                             func(v float64) bool { return v == 0 },
 		// The relay's defaults; no backlog was left to adopt.
-		"cdcrelay_max_in_flight_events":    func(v float64) bool { return v == 1000 },
-		"cdcrelay_max_in_flight_bytes":     func(v float64) bool { return v == 16<<20 },
-		"cdcrelay_backfill_running" + slot: func(v float64) bool { return v == 0 },
-		"cdcrelay_marks_failing_seconds":   func(v float64) bool { return v == 0 },
+		"cdcrelay_max_in_flight_events":         func(v float64) bool { return v == 1000 },
+		"cdcrelay_max_in_flight_bytes":          func(v float64) bool { return v == 16<<20 },
+		"cdcrelay_backfill_running" + slot:      func(v float64) bool { return v == 0 },
+		"cdcrelay_marks_failing_seconds" + slot: func(v float64) bool { return v == 0 },
 		"cdcrelay_last_event_timestamp_seconds": func(v float64) bool {
 			return time.Since(time.Unix(int64(v), 0)) < time.Minute
 		},

@@ -47,7 +47,7 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 	s.retention = retention.New(retention.Options{
 		DatabaseURL: cfg.DatabaseURL, Origin: originName(cfg, "retention"), Schema: schema, Table: table,
 		Retention: time.Duration(cfg.Retention), Interval: time.Duration(cfg.RetentionInterval),
-		Batch: cfg.RetentionBatch, Active: rel.Streaming,
+		Batch: cfg.RetentionBatch, Active: rel.Streaming, Slot: cfg.Slot,
 	}, log.With("stage", "retention"), reg)
 	// The monitor does not follow the role: whichever replica holds the
 	// monitor lock refreshes, so the gauges stay fresh when nothing streams.

@@ -141,7 +141,7 @@ func TestIntegrationStopWhileBrokerBlocksAFullSocket(t *testing.T) {
 	// for two seconds although events are left to publish.
 	var stalled map[string]float64
 	shutdownWaitMetric(t, addr, "the publisher to stall on the blocked broker", func(m map[string]float64) bool {
-		if m["cdcrelay_broker_blocked"] != 1 || m["cdcrelay_events_published_total"] >= float64(len(before)+len(large)) {
+		if m[brokerBlockedSeries] != 1 || m["cdcrelay_events_published_total"] >= float64(len(before)+len(large)) {
 			stalled = nil
 			return false
 		}
@@ -199,9 +199,13 @@ func shutdownWaitMetric(t *testing.T, addr, what string, cond func(map[string]fl
 	}
 }
 
+// brokerBlockedSeries is the scrape key of cdcrelay_broker_blocked, which
+// carries the relay's slot.
+const brokerBlockedSeries = `cdcrelay_broker_blocked{slot="` + slotName + `"}`
+
 func shutdownMetricSummary(m map[string]float64) string {
 	var out []string
-	for _, k := range []string{"cdcrelay_broker_blocked", "cdcrelay_events_published_total", "cdcrelay_confirms_in_flight"} {
+	for _, k := range []string{brokerBlockedSeries, "cdcrelay_events_published_total", "cdcrelay_confirms_in_flight"} {
 		out = append(out, fmt.Sprintf("%s=%v", k, m[k]))
 	}
 	return strings.Join(out, " ")

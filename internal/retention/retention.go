@@ -47,6 +47,8 @@ type Options struct {
 	// Retention runs only then, and stops between batches when it ends, so
 	// a hot standby runs no statement.
 	Active func() bool
+	// Slot is the relay's slot: the constant label of the run metrics.
+	Slot string
 }
 
 // Retention is a stage that runs a retention pass shortly after the relay
@@ -62,7 +64,7 @@ type Retention struct {
 
 // New returns a Retention with its metrics registered with reg.
 func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Retention {
-	return &Retention{opts: opts, log: log, m: newMetrics(reg), warned: map[string]bool{}}
+	return &Retention{opts: opts, log: log, m: newMetrics(reg, opts.Slot), warned: map[string]bool{}}
 }
 
 // Run runs retention passes until ctx ends. A failed pass is logged and

@@ -23,8 +23,10 @@ type Metrics struct {
 	foreignSkipped prometheus.Counter
 }
 
-// NewMetrics registers the stream's metrics with reg.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+// NewMetrics registers the stream's metrics with reg. foreignSkipped, which
+// an alert of the chart groups by source, carries the relay's slot as a
+// constant label.
+func NewMetrics(reg prometheus.Registerer, slot string) *Metrics {
 	m := &Metrics{
 		decoded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_events_decoded_total",
@@ -51,8 +53,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Keepalive messages received from PostgreSQL's walsender.",
 		}),
 		foreignSkipped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "cdcrelay_foreign_inserts_skipped_total",
-			Help: "Inserts from tables of the relay's publication that are provably not the outbox, skipped (including rows streamed again after a restart).",
+			Name:        "cdcrelay_foreign_inserts_skipped_total",
+			Help:        "Inserts from tables of the relay's publication that are provably not the outbox, skipped (including rows streamed again after a restart).",
+			ConstLabels: prometheus.Labels{"slot": slot},
 		}),
 	}
 	reg.MustRegister(m.decoded, m.lastEvent, m.commits, m.confirmed, m.statuses, m.keepalives, m.foreignSkipped)

@@ -100,7 +100,7 @@ func newReader(conn stream, cfg ReaderConfig) *Reader {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Metrics == nil {
-		cfg.Metrics = NewMetrics(prometheus.NewRegistry())
+		cfg.Metrics = NewMetrics(prometheus.NewRegistry(), "")
 	}
 	return &Reader{cfg: cfg, conn: conn}
 }

@@ -111,7 +111,7 @@ func budgetReader(conn *pgconn.PgConn, sem *semaphore.Weighted, budget int64, ou
 		Decoder:   NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"}),
 		Positions: &budgetMarks{}, Out: out, Budget: sem, BudgetBytes: budget,
 		StatusInterval: 100 * time.Millisecond, SoftStop: stop, Drained: make(chan struct{}),
-		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry()),
+		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry(), ""),
 	})
 }
 
