@@ -81,9 +81,9 @@ func (w *world) checkOutage(t *testing.T, p *prom, during []string) {
 		t.Errorf("%d %s alerts during one outage of one source, want 1: %+v", len(as), alertNoStreaming, as)
 	}
 	for _, a := range as {
-		if a.State != "firing" || a.Labels["slot"] != w.slot || a.Labels["namespace"] != ruleNamespace ||
+		if a.State != "firing" || a.Labels["slot"] != w.slot || a.Labels["source"] != "default" || a.Labels["namespace"] != ruleNamespace ||
 			a.Labels["severity"] != "critical" {
-			t.Errorf("%s alert %+v: want firing, slot %s, namespace %s, severity critical", alertNoStreaming, a, w.slot, ruleNamespace)
+			t.Errorf("%s alert %+v: want firing, slot %s, source default, namespace %s, severity critical", alertNoStreaming, a, w.slot, ruleNamespace)
 		}
 	}
 	if n := w.delivered(during); n != 0 {

@@ -18,7 +18,7 @@ import (
 )
 
 // goodValues are the values files every good-path check runs over.
-var goodValues = []string{"single.yaml", "multi.yaml", "monitoring.yaml", "files.yaml", "quoted.yaml", "policy.yaml", "standby.yaml"}
+var goodValues = []string{"single.yaml", "multi.yaml", "monitoring.yaml", "files.yaml", "quoted.yaml", "policy.yaml", "standby.yaml", "extras.yaml"}
 
 var (
 	slotName = regexp.MustCompile(`^[a-z0-9_]{1,54}$`)
@@ -75,11 +75,18 @@ func envValue(t *testing.T, d *appsv1.Deployment, name string) string {
 	return e.Value
 }
 
+// relay returns the Deployment's relay container: the first (kubectl's default
+// container), the only one named relay; sidecars may follow it.
 func relay(t *testing.T, d *appsv1.Deployment) corev1.Container {
 	t.Helper()
 	cs := d.Spec.Template.Spec.Containers
-	if len(cs) != 1 || cs[0].Name != "relay" {
-		t.Fatalf("Deployment %s: want exactly one container named relay, got %d", d.Name, len(cs))
+	if len(cs) == 0 || cs[0].Name != "relay" {
+		t.Fatalf("Deployment %s: the first container is not relay (%d containers)", d.Name, len(cs))
+	}
+	for _, c := range cs[1:] {
+		if c.Name == "relay" {
+			t.Fatalf("Deployment %s: two containers named relay", d.Name)
+		}
 	}
 	return cs[0]
 }
@@ -133,6 +140,13 @@ func checkRelease(t *testing.T, r *Rendered) {
 	}
 	for _, p := range r.PDBs {
 		checkMeta(t, "PodDisruptionBudget", p.ObjectMeta)
+	}
+	for _, n := range r.NetworkPolicies {
+		checkMeta(t, "NetworkPolicy", n.ObjectMeta)
+	}
+	for _, p := range r.Pods {
+		checkMeta(t, "Pod", p.ObjectMeta)
+		checkTestPod(t, r, p)
 	}
 	for _, d := range r.Deployments {
 		checkMeta(t, "Deployment", d.ObjectMeta)
@@ -401,6 +415,9 @@ func TestLintDefaults(t *testing.T) {
 		"defaults": nil,
 		"monitoring on": {"--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.serviceMonitor.enabled=true",
 			"--set", "monitoring.grafanaDashboard.enabled=true"},
+		// The templates of the community-chart additions with no source either.
+		"network policy, pod monitor and tests on": {"--set", "networkPolicy.enabled=true", "--set", "monitoring.podMonitor.enabled=true",
+			"--set", "tests.enabled=true", "--set", "probes.startup.enabled=true", "--set", "commonAnnotations.a=b"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -705,16 +722,18 @@ func TestMonitoring(t *testing.T) {
 		}
 	}
 	wantExpr := map[string][]string{
-		"CdcrelaySlotRetainedWalHigh":     {"cdcrelay_slot_retained_wal_bytes{", "> 1073741824", "by (namespace, service, slot)"},
+		"CdcrelaySlotRetainedWalHigh":     {"cdcrelay_slot_retained_wal_bytes{", "> 1073741824", "by (namespace, service, source, slot)"},
 		"CdcrelayOldestUnpublishedTooOld": {"cdcrelay_oldest_unpublished_age_seconds{", "> 300"},
-		"CdcrelayUnroutableStall":         {"max by (namespace, service, id, exchange, routing_key, cause) (cdcrelay_stalled_event_info{", "}) > 0"},
-		"CdcrelayDeadLetterFailed":        {"sum by (namespace, service, outcome) (increase(cdcrelay_dead_letter_failures_total{", "[15m])) > 0"},
-		"CdcrelayForeignInsertsSkipped":   {"sum by (namespace, service) (increase(cdcrelay_foreign_inserts_skipped_total{", "[15m])) > 0"},
-		// Counters without the slot label group by namespace and service.
-		"CdcrelayMessagesNacked": {"sum by (namespace, service) (increase(cdcrelay_nacks_total{", "[5m])) > 0"},
-		"CdcrelayRestartStorm":   {"sum by (namespace, service) (increase(cdcrelay_pipeline_restarts_total{", "unless on (namespace, service) max_over_time(cdcrelay_stalled_event_info{"},
-		"CdcrelayBrokerBlocked":  {"max by (namespace, service) (cdcrelay_broker_blocked{"},
-		"CdcrelayMarkingFailing": {"max by (namespace, service) (cdcrelay_marks_failing_seconds{"},
+		"CdcrelayUnroutableStall":         {"max by (namespace, service, source, slot, id, exchange, routing_key, cause) (cdcrelay_stalled_event_info{", "}) > 0"},
+		"CdcrelayDeadLetterFailed":        {"sum by (namespace, service, source, slot, outcome) (increase(cdcrelay_dead_letter_failures_total{", "[15m])) > 0"},
+		"CdcrelayForeignInsertsSkipped":   {"sum by (namespace, service, source, slot) (increase(cdcrelay_foreign_inserts_skipped_total{", "[15m])) > 0"},
+		// The aggregated alerts keep the source's and the slot's labels.
+		"CdcrelayMessagesNacked": {"sum by (namespace, service, source, slot) (increase(cdcrelay_nacks_total{", "[5m])) > 0"},
+		"CdcrelayRestartStorm":   {"sum by (namespace, service, source, slot) (increase(cdcrelay_pipeline_restarts_total{", "unless on (namespace, service, source, slot) max_over_time(cdcrelay_stalled_event_info{"},
+		"CdcrelayBrokerBlocked":  {"max by (namespace, service, source, slot) (cdcrelay_broker_blocked{"},
+		"CdcrelayMarkingFailing": {"max by (namespace, service, source, slot) (cdcrelay_marks_failing_seconds{"},
+		"CdcrelayRetentionFailing": {"sum by (namespace, service, source, slot) (increase(cdcrelay_retention_errors_total{",
+			"max by (namespace, service, source, slot) (cdcrelay_retention_last_success_timestamp_seconds{", "> 10800", `role="streaming"`},
 	}
 	for alert, parts := range wantExpr {
 		rules := byAlert[alert]

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
 )
 
 const dashboardFile = "../cdcrelay/dashboards/cdcrelay.json"
@@ -173,6 +176,8 @@ func TestDashboard(t *testing.T) {
 func TestDashboardQueries(t *testing.T) {
 	t.Parallel()
 	known := knownMetrics(t)
+	// Prometheus' own series of every target, beside the relay's.
+	known["up"] = "gauge"
 	d, _ := loadDashboard(t)
 	used := map[string]bool{}
 	var all []string
@@ -201,6 +206,7 @@ func TestDashboardQueries(t *testing.T) {
 		"cdcrelay_retention_runs_total", "cdcrelay_retention_errors_total", "cdcrelay_janitor_deleted_total",
 		"cdcrelay_role", "cdcrelay_monitor_holder", "cdcrelay_monitor_last_success_timestamp_seconds",
 		"process_resident_memory_bytes", "process_cpu_seconds_total",
+		"up", "process_start_time_seconds", "cdcrelay_max_in_flight_events", "cdcrelay_max_in_flight_bytes",
 	} {
 		if !used[m] {
 			t.Errorf("no dashboard query uses %s", m)
@@ -213,6 +219,9 @@ func TestDashboardQueries(t *testing.T) {
 		"by (service, side) (increase(cdcrelay_connect_failures_total",
 		"by (service, side) (increase(cdcrelay_reconnects_total",
 		"by (service, pod) (cdcrelay_role",
+		// Restarts from the relay's own start time: kube-state-metrics is not assumed.
+		"sum by (service, pod) (changes(process_start_time_seconds{",
+		"max by (service, pod) (up{",
 	} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("no dashboard query contains %q", want)
@@ -274,65 +283,295 @@ func TestDashboardConfigMap(t *testing.T) {
 	}
 }
 
-// TestRunbookAnchors checks that every alert's runbook_url points at a `## <AlertName>`
-// heading of docs/runbook.md, by GitHub's anchor rule (lower case, spaces to hyphens,
-// punctuation dropped).
-func TestRunbookAnchors(t *testing.T) {
-	t.Parallel()
-	raw, err := os.ReadFile(filepath.Join(repoRoot, "docs", "runbook.md"))
+// The part of a panel's field config the colour checks read.
+type (
+	valueMapping struct {
+		Type    string `json:"type"`
+		Options map[string]struct {
+			Text  string `json:"text"`
+			Color string `json:"color"`
+		} `json:"options"`
+	}
+	panelConfig struct {
+		ID          int `json:"id"`
+		FieldConfig struct {
+			Defaults struct {
+				NoValue    string         `json:"noValue"`
+				Mappings   []valueMapping `json:"mappings"`
+				Thresholds struct {
+					Steps []struct {
+						Color string   `json:"color"`
+						Value *float64 `json:"value"`
+					} `json:"steps"`
+				} `json:"thresholds"`
+			} `json:"defaults"`
+		} `json:"fieldConfig"`
+		Options struct {
+			ColorMode string `json:"colorMode"`
+		} `json:"options"`
+	}
+)
+
+// panelConfigs returns the field config of every panel, by id.
+func panelConfigs(t *testing.T, raw []byte) map[int]panelConfig {
+	t.Helper()
+	var d struct {
+		Panels []panelConfig `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]panelConfig{}
+	for _, p := range d.Panels {
+		out[p.ID] = p
+	}
+	return out
+}
+
+// mapped returns the text and colour a panel shows for value v: its value
+// mapping's, else the colour of the threshold step v reaches.
+func (p panelConfig) mapped(v float64) (text, color string) {
+	for _, m := range p.FieldConfig.Defaults.Mappings {
+		if o, ok := m.Options[strconv.FormatFloat(v, 'f', -1, 64)]; m.Type == "value" && ok {
+			return o.Text, o.Color
+		}
+	}
+	return "", p.threshold(v)
+}
+
+// threshold returns the colour of the threshold step v reaches.
+func (p panelConfig) threshold(v float64) string {
+	color := ""
+	for _, s := range p.FieldConfig.Defaults.Thresholds.Steps {
+		if s.Value == nil || v >= *s.Value {
+			color = s.Color
+		}
+	}
+	return color
+}
+
+// panelsUsing returns the panels with a target that selects metric.
+func panelsUsing(t *testing.T, d dashboard, metric string) []panel {
+	t.Helper()
+	var out []panel
+	for _, p := range d.allPanels() {
+		for _, tg := range p.Targets {
+			sels, err := selectors(grafanaToPromQL(tg.Expr))
+			if err != nil {
+				t.Fatalf("panel %q: %v", p.Title, err)
+			}
+			if slices.ContainsFunc(sels, func(s selector) bool { return s.name == metric }) {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Dashboard queries evaluated by promtool over synthetic series (grafanaToPromQL
+// makes every variable "value", so the series carry namespace and service "value").
+type (
+	expSample struct {
+		Labels string  `json:"labels"`
+		Value  float64 `json:"value"`
+	}
+	exprTest struct {
+		Expr       string      `json:"expr"`
+		EvalTime   string      `json:"eval_time"`
+		ExpSamples []expSample `json:"exp_samples"`
+	}
+	exprTestGroup struct {
+		Interval    string        `json:"interval"`
+		InputSeries []inputSeries `json:"input_series"`
+		Exprs       []exprTest    `json:"promql_expr_test"`
+	}
+	exprTestFile struct {
+		RuleFiles          []string        `json:"rule_files"`
+		EvaluationInterval string          `json:"evaluation_interval"`
+		Tests              []exprTestGroup `json:"tests"`
+	}
+)
+
+// promtoolExprTest runs `promtool test rules` with one group of expression tests.
+func promtoolExprTest(t *testing.T, g exprTestGroup) {
+	t.Helper()
+	dir := t.TempDir()
+	writeRuleFile(t, dir, nil)
+	b, err := yaml.Marshal(exprTestFile{RuleFiles: []string{"rules.yaml"}, EvaluationInterval: "1m", Tests: []exprTestGroup{g}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	anchors, headings := map[string]bool{}, map[string]bool{}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if h, ok := strings.CutPrefix(line, "## "); ok {
-			h = strings.TrimSpace(h)
-			headings[h] = true
-			anchors[githubAnchor(h)] = true
-		}
+	if err := os.WriteFile(filepath.Join(dir, "test.yaml"), b, 0o600); err != nil {
+		t.Fatal(err)
 	}
-	groups := ruleGroups(t, []string{"alerts.yaml"})
-	names := alertNames(groups)
-	if len(names) != len(defaultSeverity) {
-		t.Fatalf("alerts.yaml renders alerts %v, want all %d", names, len(defaultSeverity))
-	}
-	for _, g := range groups {
-		for _, r := range g.Rules {
-			base, frag, ok := strings.Cut(r.Annotations["runbook_url"], "#")
-			if !ok || base != runbookBase || !anchors[frag] {
-				t.Errorf("%s: runbook_url %q: no such anchor in docs/runbook.md", r.Alert, r.Annotations["runbook_url"])
-			}
-			if !headings[r.Alert] {
-				t.Errorf("%s: docs/runbook.md has no `## %s` heading", r.Alert, r.Alert)
-			}
-		}
+	out, err := runPromtool(t, dir, "test", "rules", "test.yaml")
+	if err != nil || !strings.Contains(out, "SUCCESS") {
+		t.Errorf("promtool test rules: %v\n%s\ntest file:\n%s", err, out, b)
 	}
 }
 
-// githubAnchor is the id GitHub gives a Markdown heading.
-func githubAnchor(h string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(h) {
-		switch {
-		case r == ' ':
-			b.WriteRune('-')
-		case r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9'):
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
+const dashTarget = `namespace="value",service="value",pod="a",slot="s"`
 
-// TestGithubAnchor pins the anchor rule the runbook check relies on.
-func TestGithubAnchor(t *testing.T) {
+// TestDashboardWalStatusColours: every panel on cdcrelay_slot_wal_status (the
+// overview stat and the state timeline) shows each wal_status in its colour: lost
+// red, unreserved orange, extended yellow, reserved green. promtool evaluates the
+// panel's query with each status current, and the panel's value mapping (and, for
+// the stat's background, its thresholds) turns the value into the status's name
+// and colour.
+func TestDashboardWalStatusColours(t *testing.T) {
 	t.Parallel()
-	for h, want := range map[string]string{
-		"CdcrelayNoStreamingRelay":               "cdcrelaynostreamingrelay",
-		"PostgreSQL failover and major upgrade":  "postgresql-failover-and-major-upgrade",
-		"Rolling back an adoption (and pausing)": "rolling-back-an-adoption-and-pausing",
-	} {
-		if got := githubAnchor(h); got != want {
-			t.Errorf("githubAnchor(%q) = %q, want %q", h, got, want)
+	promtoolBin(t)
+	d, raw := loadDashboard(t)
+	cfgs := panelConfigs(t, raw)
+	want := map[string]string{"reserved": "green", "extended": "yellow", "unreserved": "orange", "lost": "red"}
+	statuses := []string{"reserved", "extended", "unreserved", "lost"}
+	panels := panelsUsing(t, d, "cdcrelay_slot_wal_status")
+	types := map[string]bool{}
+	for _, p := range panels {
+		types[p.Type] = true
+	}
+	if !types["stat"] || !types["state-timeline"] {
+		t.Fatalf("wal_status panels %v: want the overview stat and the state timeline", types)
+	}
+	// What the query gives for each status, learnt by evaluating it: status i is
+	// current from step 10*i on.
+	var series []inputSeries
+	for i, st := range statuses {
+		vals := make([]string, 0, 4)
+		for j := range statuses {
+			v := "0"
+			if i == j {
+				v = "1"
+			}
+			vals = append(vals, v+"x9")
+		}
+		series = append(series, inputSeries{Series: fmt.Sprintf(`cdcrelay_slot_wal_status{%s,status=%q}`, dashTarget, st), Values: strings.Join(vals, " ")})
+	}
+	codes := map[string]float64{}
+	for _, p := range panels {
+		if len(p.Targets) != 1 {
+			t.Errorf("panel %q: %d targets, want the one wal_status query", p.Title, len(p.Targets))
+			continue
+		}
+		cfg := cfgs[p.ID]
+		g := exprTestGroup{Interval: "1m", InputSeries: series}
+		for i, st := range statuses {
+			var code float64
+			for v := 0.0; v <= 10; v++ {
+				if text, _ := cfg.mapped(v); text == st {
+					code = v
+				}
+			}
+			if code == 0 {
+				t.Errorf("panel %q: no value maps to %q", p.Title, st)
+				continue
+			}
+			if prev, ok := codes[st]; ok && prev != code {
+				t.Errorf("panel %q: %s is %v here, %v in another panel", p.Title, st, code, prev)
+			}
+			codes[st] = code
+			text, color := cfg.mapped(code)
+			if text != st || color != want[st] {
+				t.Errorf("panel %q: %s shows %q in %q, want %q", p.Title, st, text, color, want[st])
+			}
+			if p.Type == "stat" && cfg.threshold(code) != want[st] {
+				t.Errorf("panel %q: the threshold colour of %s (%v) is %q, want %q", p.Title, st, code, cfg.threshold(code), want[st])
+			}
+			g.Exprs = append(g.Exprs, exprTest{Expr: grafanaToPromQL(p.Targets[0].Expr), EvalTime: fmt.Sprintf("%dm", 10*i+5),
+				ExpSamples: []expSample{{Labels: `{service="value",slot="s"}`, Value: code}}})
+		}
+		if p.Type == "stat" && cfg.Options.ColorMode != "background" && cfg.Options.ColorMode != "value" {
+			t.Errorf("panel %q: colorMode %q colours nothing", p.Title, cfg.Options.ColorMode)
+		}
+		promtoolExprTest(t, g)
+	}
+}
+
+// TestDashboardStreamingReplicasZero: the overview's "Streaming replicas" shows 0,
+// not "no data", when no replica streams: a service whose pods are scraped but none
+// streams, one whose target is down, and a selection with no relay scraped at all
+// (then labelled with the selected services); and no stray 0 beside a healthy count.
+func TestDashboardStreamingReplicasZero(t *testing.T) {
+	t.Parallel()
+	promtoolBin(t)
+	d, raw := loadDashboard(t)
+	var p *panel
+	for _, q := range d.allPanels() {
+		if q.Title == "Streaming replicas" {
+			p = &q
 		}
 	}
+	if p == nil || len(p.Targets) != 1 {
+		t.Fatalf("no Streaming replicas panel with one query: %+v", p)
+	}
+	if nv := panelConfigs(t, raw)[p.ID].FieldConfig.Defaults.NoValue; nv != "0" {
+		t.Errorf("Streaming replicas: noValue %q, want \"0\"", nv)
+	}
+	expr := grafanaToPromQL(p.Targets[0].Expr)
+	role := func(service, pod, role string) inputSeries {
+		return inputSeries{Series: fmt.Sprintf(`cdcrelay_role{namespace="value",service=%q,pod=%q,slot="s",role=%q}`, service, pod, role), Values: "1x20"}
+	}
+	notRole := func(s inputSeries) inputSeries { s.Values = "0x20"; return s }
+	up := func(service, pod, v string) inputSeries {
+		return inputSeries{Series: fmt.Sprintf(`up{namespace="value",service=%q,pod=%q}`, service, pod), Values: v + "x20"}
+	}
+	for _, c := range []struct {
+		name   string
+		series []inputSeries
+		want   []expSample
+	}{
+		{"no relay scraped at all", nil, []expSample{{Labels: `{service="value"}`, Value: 0}}},
+		{"the target is down", []inputSeries{up("value", "a", "0")}, []expSample{{Labels: `{service="value"}`, Value: 0}}},
+		{"scraped, every replica a standby",
+			[]inputSeries{up("value", "a", "1"), role("value", "a", "standby"), notRole(role("value", "a", "streaming"))},
+			[]expSample{{Labels: `{service="value"}`, Value: 0}}},
+		{"one streams",
+			[]inputSeries{up("value", "a", "1"), up("value", "b", "1"), role("value", "a", "streaming"), role("value", "b", "standby"), notRole(role("value", "b", "streaming"))},
+			[]expSample{{Labels: `{service="value"}`, Value: 1}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			promtoolExprTest(t, exprTestGroup{Interval: "1m", InputSeries: c.series,
+				Exprs: []exprTest{{Expr: expr, EvalTime: "10m", ExpSamples: c.want}}})
+		})
+	}
+}
+
+// TestDashboardOperatorPanels: the panels an on-call person looks for besides the
+// relay's flow: whether Prometheus scrapes each pod (`up`), restarts of the relay
+// process (from process_start_time_seconds: kube-state-metrics is not assumed), and
+// the in-flight limits the relays run with, the events limit also beside the
+// confirms in flight. The readiness reason (/readyz) is no metric, so no panel.
+func TestDashboardOperatorPanels(t *testing.T) {
+	t.Parallel()
+	d, _ := loadDashboard(t)
+	titles := func(ps []panel) []string {
+		var out []string
+		for _, p := range ps {
+			out = append(out, p.Title)
+		}
+		return out
+	}
+	if ps := panelsUsing(t, d, "up"); len(ps) == 0 || !slices.ContainsFunc(ps, func(p panel) bool { return p.Type == "state-timeline" }) {
+		t.Errorf("panels on up %v: want a per-replica state timeline", titles(ps))
+	}
+	restarts := panelsUsing(t, d, "process_start_time_seconds")
+	if len(restarts) != 1 || !strings.Contains(restarts[0].Targets[0].Expr, "changes(process_start_time_seconds{") {
+		t.Errorf("panels on process_start_time_seconds %v: want one that counts its changes", titles(restarts))
+	}
+	events, bytes := panelsUsing(t, d, "cdcrelay_max_in_flight_events"), panelsUsing(t, d, "cdcrelay_max_in_flight_bytes")
+	both := slices.ContainsFunc(events, func(p panel) bool {
+		return slices.ContainsFunc(bytes, func(q panel) bool { return q.ID == p.ID })
+	})
+	beside := slices.ContainsFunc(events, func(p panel) bool { return len(panelsUsingIn(t, p, "cdcrelay_confirms_in_flight")) > 0 })
+	if !both || !beside {
+		t.Errorf("limit panels: events %v, bytes %v: want one panel with both limits, and the events limit beside confirms in flight", titles(events), titles(bytes))
+	}
+}
+
+// panelsUsingIn returns p if one of its targets selects metric.
+func panelsUsingIn(t *testing.T, p panel, metric string) []panel {
+	t.Helper()
+	return panelsUsing(t, dashboard{Panels: []panel{p}}, metric)
 }

@@ -87,7 +87,7 @@ func TestPolicyValues(t *testing.T) {
 	r := render(t, []string{"policy.yaml"})
 	checkRelease(t, r)
 	inherited := map[string]string{
-		"CDCRELAY_POISON":               "stop",
+		"CDCRELAY_POISON":               "park",
 		"CDCRELAY_UNROUTABLE":           "park",
 		"CDCRELAY_DEAD_LETTER_EXCHANGE": "events.dead",
 		"CDCRELAY_SLOT_LOST":            "stop",
@@ -122,7 +122,7 @@ func TestPolicyValues(t *testing.T) {
 
 	billing := r.Deployment(t, "rel-cdcrelay-billing")
 	for name, want := range map[string]string{
-		"CDCRELAY_POISON":            "park",
+		"CDCRELAY_POISON":            "stop",
 		"CDCRELAY_UNROUTABLE":        "stall",
 		"CDCRELAY_RETENTION":         "1d12h",
 		"CDCRELAY_MAX_MESSAGE_BYTES": "1048576", // an integer, not 1.048576e+06
@@ -140,6 +140,10 @@ func TestPolicyValues(t *testing.T) {
 		}
 	}
 	checkTLSVolume(t, billing, "billing-tls", map[string]string{"ca.crt": "ca.pem", "tls.crt": "cert.pem", "tls.key": "key.pem"})
+	// Its null dead-letter exchange drops the one of defaults (poison stop would refuse it).
+	if e, ok := env(t, relay(t, billing))["CDCRELAY_DEAD_LETTER_EXCHANGE"]; ok {
+		t.Errorf("billing: CDCRELAY_DEAD_LETTER_EXCHANGE = %q, but the source set it to null", e.Value)
+	}
 
 	shipping := r.Deployment(t, "rel-cdcrelay-shipping")
 	ev := env(t, relay(t, shipping))

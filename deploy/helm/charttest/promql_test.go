@@ -133,10 +133,10 @@ func checkNames(t *testing.T, known map[string]string, where, expr string, sels 
 	}
 }
 
-// grafanaVar matches Grafana's variables in a query: $__rate_interval, $service, ${service}.
+// grafanaVar matches Grafana's variables in a query: $__rate_interval, $service, ${service}, ${service:csv}.
 var (
 	grafanaRange = regexp.MustCompile(`\$(__rate_interval|__interval|__range)\b|\$\{(__rate_interval|__interval|__range)\}`)
-	grafanaVar   = regexp.MustCompile(`\$\{?[A-Za-z_][A-Za-z0-9_]*\}?`)
+	grafanaVar   = regexp.MustCompile(`\$\{[A-Za-z_][A-Za-z0-9_]*(:[a-z]+)?\}|\$[A-Za-z_][A-Za-z0-9_]*`)
 	labelValues  = regexp.MustCompile(`^label_values\((.*),\s*[A-Za-z_][A-Za-z0-9_]*\)$`)
 	queryResult  = regexp.MustCompile(`^query_result\((.*)\)$`)
 )
@@ -185,6 +185,9 @@ func TestParserChecksWhatItShould(t *testing.T) {
 		t.Errorf("selectors %v", names)
 	}
 	if got := grafanaToPromQL(`rate(x{service=~"$service"}[$__rate_interval])`); got != `rate(x{service=~"value"}[5m])` {
+		t.Errorf("grafanaToPromQL: %s", got)
+	}
+	if got := grafanaToPromQL(`label_replace(vector(0), "service", "${service:csv}", "", "") or x{a="${a}"}`); got != `label_replace(vector(0), "service", "value", "", "") or x{a="value"}` {
 		t.Errorf("grafanaToPromQL: %s", got)
 	}
 }

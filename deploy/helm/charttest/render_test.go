@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -129,6 +130,35 @@ type RelabelConfig struct {
 	Action       string   `json:"action,omitempty"`
 }
 
+// PodMonitor is the part of monitoring.coreos.com/v1 PodMonitor the chart uses.
+type PodMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              PodMonitorSpec `json:"spec"`
+}
+
+// PodMonitorSpec is monitoring.coreos.com/v1 PodMonitorSpec, in part.
+type PodMonitorSpec struct {
+	JobLabel            string               `json:"jobLabel,omitempty"`
+	PodTargetLabels     []string             `json:"podTargetLabels,omitempty"`
+	PodMetricsEndpoints []PodMetricsEndpoint `json:"podMetricsEndpoints"`
+	Selector            metav1.LabelSelector `json:"selector"`
+	NamespaceSelector   NamespaceSelector    `json:"namespaceSelector,omitempty"`
+	SampleLimit         *uint64              `json:"sampleLimit,omitempty"`
+}
+
+// PodMetricsEndpoint is monitoring.coreos.com/v1 PodMetricsEndpoint, in part.
+type PodMetricsEndpoint struct {
+	Port                 string          `json:"port,omitempty"`
+	Path                 string          `json:"path,omitempty"`
+	Scheme               string          `json:"scheme,omitempty"`
+	Interval             string          `json:"interval,omitempty"`
+	ScrapeTimeout        string          `json:"scrapeTimeout,omitempty"`
+	HonorLabels          bool            `json:"honorLabels,omitempty"`
+	RelabelConfigs       []RelabelConfig `json:"relabelings,omitempty"`
+	MetricRelabelConfigs []RelabelConfig `json:"metricRelabelings,omitempty"`
+}
+
 // PrometheusRule is monitoring.coreos.com/v1 PrometheusRule.
 type PrometheusRule struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -166,8 +196,12 @@ type Rendered struct {
 	ServiceAccounts []*corev1.ServiceAccount
 	PDBs            []*policyv1.PodDisruptionBudget
 	ServiceMonitors []*ServiceMonitor
+	PodMonitors     []*PodMonitor
 	PrometheusRules []*PrometheusRule
 	ConfigMaps      []*corev1.ConfigMap
+	NetworkPolicies []*networkingv1.NetworkPolicy
+	// Pods are the helm test hooks (tests.enabled).
+	Pods []*corev1.Pod
 }
 
 // Deployment returns the Deployment called name, failing the test if there is none.
@@ -220,6 +254,15 @@ func decodeManifests(stream string) (*Rendered, error) {
 		case "monitoring.coreos.com/v1/ServiceMonitor":
 			s := &ServiceMonitor{}
 			r.ServiceMonitors, obj = append(r.ServiceMonitors, s), s
+		case "monitoring.coreos.com/v1/PodMonitor":
+			p := &PodMonitor{}
+			r.PodMonitors, obj = append(r.PodMonitors, p), p
+		case "networking.k8s.io/v1/NetworkPolicy":
+			n := &networkingv1.NetworkPolicy{}
+			r.NetworkPolicies, obj = append(r.NetworkPolicies, n), n
+		case "v1/Pod":
+			p := &corev1.Pod{}
+			r.Pods, obj = append(r.Pods, p), p
 		case "monitoring.coreos.com/v1/PrometheusRule":
 			p := &PrometheusRule{}
 			r.PrometheusRules, obj = append(r.PrometheusRules, p), p
@@ -292,6 +335,20 @@ spec:
 `,
 		"duplicate key": good + "metadata: {name: y}\n",
 		"unknown kind":  "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n",
+		"podmonitor typo": `apiVersion: monitoring.coreos.com/v1
+kind: PodMonitor
+metadata: {name: x}
+spec:
+  selector: {}
+  podMetricsEndpoints: [{port: http, relabellings: []}]
+`,
+		"networkpolicy misplaced ports": `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: x}
+spec:
+  podSelector: {}
+  egress: [{port: 53}]
+`,
 		"servicemonitor typo": `apiVersion: monitoring.coreos.com/v1
 kind: ServiceMonitor
 metadata: {name: x}

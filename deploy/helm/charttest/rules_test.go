@@ -36,6 +36,7 @@ var defaultSeverity = map[string]string{
 	"CdcrelayMonitorStale":            "warning",
 	"CdcrelayMarkingFailing":          "warning",
 	"CdcrelayEndToEndSlow":            "warning",
+	"CdcrelayRetentionFailing":        "warning",
 }
 
 // replica is one relay pod's series over 40 minutes at a 1m interval.
@@ -49,6 +50,8 @@ type replica struct {
 	// set replaces (or with "" removes) the values of a series, keyed by the metric
 	// name with its extra labels as they are generated: `cdcrelay_slot_wal_status{status="lost"}`.
 	set map[string]string
+	// steps is how many 1m steps the default series last (0: 40).
+	steps int
 }
 
 // slotLabelled are the metrics with the relay's constant slot label.
@@ -58,9 +61,39 @@ var slotLabelled = map[string]bool{
 	"cdcrelay_oldest_unpublished_age_seconds": true, "cdcrelay_slot_retained_wal_bytes": true,
 	"cdcrelay_slot_lag_bytes": true, "cdcrelay_slot_safe_wal_size_bytes": true, "cdcrelay_slot_wal_status": true,
 	"cdcrelay_slot_lost_total": true, "cdcrelay_backfill_events_total": true, "cdcrelay_other_relay_slots": true,
+	// Since the alerts name their slot, the other metrics they read have it too.
+	"cdcrelay_nacks_total": true, "cdcrelay_poison_events_total": true, "cdcrelay_broker_blocked": true,
+	"cdcrelay_commit_to_ack_seconds": true, "cdcrelay_stalled_event_info": true, "cdcrelay_dead_letter_failures_total": true,
+	"cdcrelay_foreign_inserts_skipped_total": true, "cdcrelay_pipeline_restarts_total": true, "cdcrelay_marks_failing_seconds": true,
+	"cdcrelay_retention_errors_total": true, "cdcrelay_retention_runs_total": true, "cdcrelay_retention_last_success_timestamp_seconds": true,
 }
 
 func (r replica) series() []inputSeries {
+	v := r.defaults()
+	for k, val := range r.set {
+		if val == "" {
+			delete(v, k)
+		} else {
+			v[k] = val
+		}
+	}
+	var out []inputSeries
+	for _, k := range slices.Sorted(maps.Keys(v)) {
+		name, extra, _ := strings.Cut(strings.TrimSuffix(k, "}"), "{")
+		labels := r.target
+		if slotLabelled[strings.TrimSuffix(name, "_bucket")] {
+			labels += fmt.Sprintf(",slot=%q", r.slot)
+		}
+		if extra != "" {
+			labels += "," + extra
+		}
+		out = append(out, inputSeries{Series: name + "{" + labels + "}", Values: v[k]})
+	}
+	return out
+}
+
+// defaults are the replica's series before set: written for 40 steps, stretched to steps.
+func (r replica) defaults() map[string]string {
 	v := map[string]string{
 		"cdcrelay_monitor_holder":                         "0x40",
 		"cdcrelay_monitor_last_success_timestamp_seconds": "0x40", // never refreshed
@@ -75,6 +108,10 @@ func (r replica) series() []inputSeries {
 		"cdcrelay_backfill_events_total":                  "0x40",
 		"cdcrelay_broker_blocked":                         "0x40",
 		"cdcrelay_foreign_inserts_skipped_total":          "0x40",
+		// Retention never ran and never failed; a last success of 0 is "none yet".
+		"cdcrelay_retention_errors_total":                   "0x40",
+		"cdcrelay_retention_runs_total":                     "0x40",
+		"cdcrelay_retention_last_success_timestamp_seconds": "0x40",
 		// The relay creates the three outcomes at 0.
 		`cdcrelay_dead_letter_failures_total{outcome="returned"}`: "0x40",
 		`cdcrelay_dead_letter_failures_total{outcome="nacked"}`:   "0x40",
@@ -111,26 +148,12 @@ func (r replica) series() []inputSeries {
 			"cdcrelay_other_relay_slots":                      "0x40",
 		})
 	}
-	for k, val := range r.set {
-		if val == "" {
-			delete(v, k)
-		} else {
-			v[k] = val
+	if r.steps > 0 {
+		for k, val := range v {
+			v[k] = strings.TrimSuffix(val, "x40") + fmt.Sprintf("x%d", r.steps)
 		}
 	}
-	var out []inputSeries
-	for _, k := range slices.Sorted(maps.Keys(v)) {
-		name, extra, _ := strings.Cut(strings.TrimSuffix(k, "}"), "{")
-		labels := r.target
-		if slotLabelled[name] {
-			labels += fmt.Sprintf(",slot=%q", r.slot)
-		}
-		if extra != "" {
-			labels += "," + extra
-		}
-		out = append(out, inputSeries{Series: name + "{" + labels + "}", Values: v[k]})
-	}
-	return out
+	return v
 }
 
 // operatorTarget is a target's labels as the chart's ServiceMonitor gives them.
@@ -175,20 +198,14 @@ func (v ruleVariant) perSource(alert string, s source) map[string]string {
 	return v.labels(alert, map[string]string{"namespace": namespace, "service": s.service, "slot": s.slot, "source": s.name})
 }
 
-// bySlot: an aggregated alert over a slot-labelled metric.
+// bySlot: an aggregated alert. Every metric the alerts read carries the slot, and
+// the rule names the source of that slot whether or not the scrape attached one
+// (a custom selector's targets have no namespace, service or source).
 func (v ruleVariant) bySlot(alert string, s source) map[string]string {
 	if v.custom {
-		return v.labels(alert, map[string]string{"slot": s.slot})
+		return v.labels(alert, map[string]string{"slot": s.slot, "source": s.name})
 	}
-	return v.labels(alert, map[string]string{"namespace": namespace, "service": s.service, "slot": s.slot})
-}
-
-// bySvc: an aggregated alert over a metric without the slot label.
-func (v ruleVariant) bySvc(alert string, s source) map[string]string {
-	if v.custom {
-		return v.labels(alert, nil)
-	}
-	return v.labels(alert, map[string]string{"namespace": namespace, "service": s.service})
+	return v.labels(alert, map[string]string{"namespace": namespace, "service": s.service, "source": s.name, "slot": s.slot})
 }
 
 // with adds labels to an alert's label set.
@@ -330,6 +347,17 @@ func ordersWith(target func(pod string) string, set map[string]string) []replica
 	return rs
 }
 
+// retentionWith is the healthy orders pair and billing over five hours (retention
+// runs hourly at most, and the alert waits for three hours without a success), with
+// series of the streaming orders pod replaced.
+func retentionWith(target func(pod string) string, billing replica, set map[string]string) []replica {
+	rs := append(ordersWith(target, set), billing)
+	for i := range rs {
+		rs[i].steps = 300
+	}
+	return rs
+}
+
 func svcTarget(s source) func(pod string) string {
 	return func(pod string) string { return operatorTarget(s.service, s.name, pod) }
 }
@@ -421,13 +449,13 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 			replicas: withBilling(ordersWith(o, map[string]string{
 				"cdcrelay_outbox_parked": "0x4 1x36", "cdcrelay_poison_events_total": "0x4 1x36"})...),
 			fire: []firing{
-				fire("10m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders)),
-				fire("40m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders)),
+				fire("10m", "CdcrelayParkedRows", v.bySlot("CdcrelayParkedRows", orders)),
+				fire("40m", "CdcrelayParkedRows", v.bySlot("CdcrelayParkedRows", orders)),
 			}},
 		{name: "a poison event with nothing parked (poison policy stop)",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_poison_events_total": "0x4 1x36"})...),
 			quietAt:  []string{"30m"},
-			fire:     []firing{fire("6m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders))}},
+			fire:     []firing{fire("6m", "CdcrelayParkedRows", v.bySlot("CdcrelayParkedRows", orders))}},
 		{name: "a stall on a row without a binding: the relay retries it, each retry a failed session spent mostly starting",
 			replicas: withBilling(
 				replica{target: o("a"), slot: orders.slot, role: "starting", holder: true, set: map[string]string{
@@ -435,15 +463,15 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 				replica{target: o("b"), slot: orders.slot, role: "standby"}),
 			quietAt: []string{"5m"}, // pending for 2m
 			fire: []firing{
-				fire("7m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("7m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noRoute.labels())),
 				// NoStreamingRelay and RestartStorm hold off: the stall is the incident.
-				fire("20m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
-				fire("40m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("20m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("40m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noRoute.labels())),
 			}},
 		{name: "a stall on a row whose exchange does not exist",
 			replicas: withBilling(ordersWith(o, map[string]string{noExchange.series(): "1x40"})...),
 			quietAt:  []string{"1m"},
-			fire:     []firing{fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noExchange.labels()))}},
+			fire:     []firing{fire("10m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noExchange.labels()))}},
 		{name: "a stall shorter than for: a binding came within a minute",
 			replicas: withBilling(ordersWith(o, map[string]string{
 				noRoute.series(): "_x4 1x1 stale", "cdcrelay_returns_total": "0x4 1 2x35", "cdcrelay_pipeline_restarts_total": "0x4 1 2x35"})...),
@@ -456,9 +484,9 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 				replica{target: o("b"), slot: orders.slot, role: "standby", set: map[string]string{
 					noRoute.series(): "_x10 1x30", `cdcrelay_role{role="streaming"}`: "0x9 1x31", `cdcrelay_role{role="standby"}`: "1x9 0x31"}}),
 			fire: []firing{
-				fire("5m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
-				fire("11m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
-				fire("30m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("5m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("11m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("30m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noRoute.labels())),
 			}},
 		{name: "the stall ends: restarts during it do not make a storm afterwards, and a later outage pages",
 			replicas: withBilling(
@@ -468,7 +496,7 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 				replica{target: o("b"), slot: orders.slot, role: "standby"}),
 			quietAt: []string{"16m", "25m"},
 			fire: []firing{
-				fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("10m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noRoute.labels())),
 				fire("38m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
 			}},
 		{name: "a stall of billing does not hide an outage of orders",
@@ -478,8 +506,8 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 				{target: b("c"), slot: billing.slot, role: "streaming", holder: true, set: map[string]string{noExchange.series(): "1x40"}}},
 			fire: []firing{
 				fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
-				fire("10m", "CdcrelayRestartStorm", v.bySvc("CdcrelayRestartStorm", orders)),
-				fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", billing), noExchange.labels())),
+				fire("10m", "CdcrelayRestartStorm", v.bySlot("CdcrelayRestartStorm", orders)),
+				fire("10m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", billing), noExchange.labels())),
 			}},
 		{name: "a dead-letter copy returned: the row is parked too",
 			replicas: withBilling(ordersWith(o, map[string]string{
@@ -487,11 +515,11 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 				"cdcrelay_outbox_parked":                                  "0x5 1x35", "cdcrelay_poison_events_total": "0x4 1x36"})...),
 			quietAt: []string{"4m", "25m"}, // 15 minutes after, only the parked row is left
 			fire: []firing{
-				fire("6m", "CdcrelayDeadLetterFailed", with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "returned"})),
-				fire("6m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders)),
-				fire("18m", "CdcrelayDeadLetterFailed", with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "returned"})),
-				fire("18m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders)),
-				fire("25m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders)),
+				fire("6m", "CdcrelayDeadLetterFailed", with(v.bySlot("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "returned"})),
+				fire("6m", "CdcrelayParkedRows", v.bySlot("CdcrelayParkedRows", orders)),
+				fire("18m", "CdcrelayDeadLetterFailed", with(v.bySlot("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "returned"})),
+				fire("18m", "CdcrelayParkedRows", v.bySlot("CdcrelayParkedRows", orders)),
+				fire("25m", "CdcrelayParkedRows", v.bySlot("CdcrelayParkedRows", orders)),
 			}},
 		{name: "dead-letter copies nacked and refused: one alert per outcome",
 			replicas: withBilling(ordersWith(o, map[string]string{
@@ -499,39 +527,39 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 				`cdcrelay_dead_letter_failures_total{outcome="refused"}`: "0x9 1x31"})...),
 			quietAt: []string{"9m", "30m"},
 			fire: []firing{fire("10m", "CdcrelayDeadLetterFailed",
-				with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "nacked"}),
-				with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "refused"}))}},
+				with(v.bySlot("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "nacked"}),
+				with(v.bySlot("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "refused"}))}},
 		{name: "foreign inserts skipped: fires for 15 minutes after the last, with its description",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_foreign_inserts_skipped_total": "0x4 2x36"})...),
 			quietAt:  []string{"4m", "25m"},
 			fire: []firing{
-				fire("6m", "CdcrelayForeignInsertsSkipped", v.bySvc("CdcrelayForeignInsertsSkipped", orders)),
-				fire("18m", "CdcrelayForeignInsertsSkipped", v.bySvc("CdcrelayForeignInsertsSkipped", orders)),
+				fire("6m", "CdcrelayForeignInsertsSkipped", v.bySlot("CdcrelayForeignInsertsSkipped", orders)),
+				fire("18m", "CdcrelayForeignInsertsSkipped", v.bySlot("CdcrelayForeignInsertsSkipped", orders)),
 			},
 			fullAnnotations: map[string]map[string]string{
 				"CdcrelayForeignInsertsSkipped": {
 					"summary":     "The publication of svc/rel-cdcrelay-orders publishes a table that is not the outbox",
-					"description": `The relay skipped 2 inserts within 15 minutes from a table of its publication that is provably not the outbox (its log names the table: "skipping inserts into ..."). The outbox's events keep flowing, but the walsender decodes and sends every row of that table to the relay, which discards it. Remove the table from the relay's publication (ALTER PUBLICATION ... DROP TABLE): ` + runbookBase + "#cdcrelayforeigninsertsskipped",
+					"description": `The relay skipped 2 inserts within 15 minutes from a table of its publication that is provably not the outbox (its log names the table: "skipping inserts into ..."). The outbox's events keep flowing (no event is lost), but the walsender decodes and sends every row of that table to the relay, which discards it. Remove the table from the relay's publication (ALTER PUBLICATION ... DROP TABLE): ` + runbookBase + "#cdcrelayforeigninsertsskipped",
 					"runbook_url": runbookBase + "#cdcrelayforeigninsertsskipped",
 				},
 			}},
 		{name: "nacks keep coming",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_nacks_total": "0+1x40"})...),
 			quietAt:  []string{"3m"},
-			fire:     []firing{fire("10m", "CdcrelayMessagesNacked", v.bySvc("CdcrelayMessagesNacked", orders))}},
+			fire:     []firing{fire("10m", "CdcrelayMessagesNacked", v.bySlot("CdcrelayMessagesNacked", orders))}},
 		{name: "one nack",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_nacks_total": "0x4 1x36"})...),
 			quietAt:  []string{"7m", "9m", "12m"}},
 		{name: "restart storm",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_pipeline_restarts_total": "0+1x40"})...),
-			fire:     []firing{fire("10m", "CdcrelayRestartStorm", v.bySvc("CdcrelayRestartStorm", orders))}},
+			fire:     []firing{fire("10m", "CdcrelayRestartStorm", v.bySlot("CdcrelayRestartStorm", orders))}},
 		{name: "two restarts",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_pipeline_restarts_total": "0x4 1x4 2x31"})...),
 			quietAt:  []string{"10m", "20m"}},
 		{name: "broker blocks publishers",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_broker_blocked": "0x4 1x36"})...),
 			quietAt:  []string{"8m"},
-			fire:     []firing{fire("15m", "CdcrelayBrokerBlocked", v.bySvc("CdcrelayBrokerBlocked", orders))}},
+			fire:     []firing{fire("15m", "CdcrelayBrokerBlocked", v.bySlot("CdcrelayBrokerBlocked", orders))}},
 		{name: "monitor stale: the holder stopped refreshing (its gauges are gone)",
 			replicas: withBilling(
 				replica{target: o("a"), slot: orders.slot, role: "streaming", set: map[string]string{
@@ -549,41 +577,76 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 		{name: "janitor keeps failing: fires within 5 minutes",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_marks_failing_seconds": "0+60x40"})...),
 			quietAt:  []string{"3m"},
-			fire:     []firing{fire("5m", "CdcrelayMarkingFailing", v.bySvc("CdcrelayMarkingFailing", orders))}},
+			fire:     []firing{fire("5m", "CdcrelayMarkingFailing", v.bySlot("CdcrelayMarkingFailing", orders))}},
 		{name: "janitor fails for two minutes, then writes again",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_marks_failing_seconds": "0x4 0+60x3 0x33"})...),
 			quietAt:  []string{"6m", "8m", "20m"}},
+		{name: "retention fails for hours after a success: fires three hours after it, once it lasts 15m",
+			replicas: retentionWith(o, billingHealthy(b), map[string]string{
+				"cdcrelay_retention_runs_total":                     "0x30 1x270",
+				"cdcrelay_retention_last_success_timestamp_seconds": "0x30 1800x270",
+				"cdcrelay_retention_errors_total":                   "0x90 0+1x210"}),
+			quietAt: []string{"60m", "200m", "220m"},
+			fire: []firing{
+				fire("230m", "CdcrelayRetentionFailing", v.bySlot("CdcrelayRetentionFailing", orders)),
+				fire("290m", "CdcrelayRetentionFailing", v.bySlot("CdcrelayRetentionFailing", orders)),
+			}},
+		{name: "retention fails from the start (a missing DELETE grant): fires once it lasts 15m",
+			replicas: retentionWith(o, billingHealthy(b), map[string]string{"cdcrelay_retention_errors_total": "0+1x300"}),
+			quietAt:  []string{"10m"},
+			fire:     []firing{fire("20m", "CdcrelayRetentionFailing", v.bySlot("CdcrelayRetentionFailing", orders))}},
+		{name: "retention fails once, then runs hourly: quiet",
+			replicas: retentionWith(o, billingHealthy(b), map[string]string{
+				"cdcrelay_retention_errors_total":                   "0x60 1x240",
+				"cdcrelay_retention_runs_total":                     "0x65 1x60 2x60 3x60 4x55",
+				"cdcrelay_retention_last_success_timestamp_seconds": "0x65 3900x60 7500x60 11100x60 14700x55"}),
+			quietAt: []string{"63m", "70m", "120m", "200m", "290m"}},
+		{name: "retention runs no more after a success, no error, while the pod streams: fires three hours after it",
+			replicas: retentionWith(o, billingHealthy(b), map[string]string{
+				"cdcrelay_retention_runs_total":                     "0x10 1x290",
+				"cdcrelay_retention_last_success_timestamp_seconds": "0x10 600x290"}),
+			quietAt: []string{"30m", "190m"},
+			fire:    []firing{fire("210m", "CdcrelayRetentionFailing", v.bySlot("CdcrelayRetentionFailing", orders))}},
+		{name: "a standby's old success and a streaming pod that runs hourly: the newest success counts",
+			replicas: func() []replica {
+				rs := retentionWith(o, billingHealthy(b), map[string]string{
+					"cdcrelay_retention_runs_total":                     "0x20 1x60 2x60 3x60 4x60 5x40",
+					"cdcrelay_retention_last_success_timestamp_seconds": "0x20 1200x60 4800x60 8400x60 12000x60 15600x40"})
+				rs[1].set = map[string]string{"cdcrelay_retention_runs_total": "5x300", "cdcrelay_retention_last_success_timestamp_seconds": "60x300"}
+				return rs
+			}(),
+			quietAt: []string{"10m", "200m", "290m"}},
 		{name: "end-to-end latency above the threshold",
 			replicas: withBilling(ordersWith(o, map[string]string{
 				`cdcrelay_commit_to_ack_seconds_bucket{le="0.1"}`: "0x40", `cdcrelay_commit_to_ack_seconds_bucket{le="1"}`: "0x40"})...),
 			quietAt: []string{"5m"},
-			fire:    []firing{fire("15m", "CdcrelayEndToEndSlow", v.bySvc("CdcrelayEndToEndSlow", orders))}},
+			fire:    []firing{fire("15m", "CdcrelayEndToEndSlow", v.bySlot("CdcrelayEndToEndSlow", orders))}},
 		{name: "annotations of the stall and dead-letter alerts as rendered",
 			replicas: withBilling(ordersWith(o, map[string]string{
 				noRoute.series(): "1x40", `cdcrelay_dead_letter_failures_total{outcome="returned"}`: "0x4 2x36"})...),
 			fire: []firing{
-				fire("6m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels())),
-				fire("6m", "CdcrelayDeadLetterFailed", with(v.bySvc("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "returned"})),
+				fire("6m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noRoute.labels())),
+				fire("6m", "CdcrelayDeadLetterFailed", with(v.bySlot("CdcrelayDeadLetterFailed", orders), map[string]string{"outcome": "returned"})),
 			},
 			fullAnnotations: map[string]map[string]string{
 				"CdcrelayUnroutableStall": {
 					"summary":     "The stream of svc/rel-cdcrelay-orders is stalled on outbox row 0190a4c2-7d1e-7b4a-9f00-3c1d2e4f5a6b: the broker cannot route it",
-					"description": `Outbox row 0190a4c2-7d1e-7b4a-9f00-3c1d2e4f5a6b (routing key "orders.refunded", exchange "events") cannot be routed: no queue is bound for its routing key (cause no_route). With unroutable: stall the relay publishes it again and again and nothing committed after it, so commit order holds, until a queue is bound for the key (or the exchange is declared); the slot's WAL and the backlog grow meanwhile. Bind the queue that should get it, or park the row: ` + runbookBase + "#a-row-the-broker-cannot-route",
+					"description": `Outbox row 0190a4c2-7d1e-7b4a-9f00-3c1d2e4f5a6b (routing key "orders.refunded", exchange "events") cannot be routed: no queue is bound for its routing key (cause no_route). With unroutable: stall the relay publishes it again and again and nothing committed after it, so commit order holds, until a queue is bound for the key (or the exchange is declared); the slot's WAL and the backlog grow meanwhile, and nothing is lost. Bind the queue that should get it, or park the row: ` + runbookBase + "#a-row-the-broker-cannot-route",
 					"runbook_url": runbookBase + "#cdcrelayunroutablestall",
 				},
 				"CdcrelayDeadLetterFailed": {
 					"summary":     "The broker did not take dead-letter copies of parked rows of svc/rel-cdcrelay-orders (returned)",
-					"description": "The relay parked outbox rows and sent a copy of each to the dead-letter exchange, and the broker did not take 2 of them within 15 minutes: returned, no queue is bound on the dead-letter exchange for the row's routing key. The rows are parked all the same (published_at NULL, last_error set) and the stream goes on, but whoever watches the dead-letter queue does not hear of them. Bind a queue that takes every key to the dead-letter exchange: " + runbookBase + "#a-dead-letter-copy-the-broker-did-not-take",
+					"description": "The relay parked outbox rows and sent a copy of each to the dead-letter exchange, and the broker did not take 2 of them within 15 minutes: returned, no queue is bound on the dead-letter exchange for the row's routing key. The rows are parked all the same (published_at NULL, last_error set) and the stream goes on, so no event is lost, but whoever watches the dead-letter queue does not hear of them. Bind a queue that takes every key to the dead-letter exchange: " + runbookBase + "#a-dead-letter-copy-the-broker-did-not-take",
 					"runbook_url": runbookBase + "#cdcrelaydeadletterfailed",
 				},
 			}},
 		{name: "the stall's description names a missing exchange",
 			replicas: withBilling(ordersWith(o, map[string]string{noExchange.series(): "1x40"})...),
-			fire:     []firing{fire("5m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noExchange.labels()))},
+			fire:     []firing{fire("5m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noExchange.labels()))},
 			fullAnnotations: map[string]map[string]string{
 				"CdcrelayUnroutableStall": {
 					"summary":     "The stream of svc/rel-cdcrelay-orders is stalled on outbox row 1042: the broker cannot route it",
-					"description": `Outbox row 1042 (routing key "invoice.issued", exchange "billing.v2") cannot be routed: the exchange named in its exchange column does not exist (cause no_exchange). With unroutable: stall the relay publishes it again and again and nothing committed after it, so commit order holds, until a queue is bound for the key (or the exchange is declared); the slot's WAL and the backlog grow meanwhile. Bind the queue that should get it, or park the row: ` + runbookBase + "#a-row-the-broker-cannot-route",
+					"description": `Outbox row 1042 (routing key "invoice.issued", exchange "billing.v2") cannot be routed: the exchange named in its exchange column does not exist (cause no_exchange). With unroutable: stall the relay publishes it again and again and nothing committed after it, so commit order holds, until a queue is bound for the key (or the exchange is declared); the slot's WAL and the backlog grow meanwhile, and nothing is lost. Bind the queue that should get it, or park the row: ` + runbookBase + "#a-row-the-broker-cannot-route",
 					"runbook_url": runbookBase + "#cdcrelayunroutablestall",
 				},
 			}},
@@ -598,17 +661,17 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 			fullAnnotations: map[string]map[string]string{
 				"CdcrelayNoStreamingRelay": {
 					"summary":     "No relay streams slot cdcrelay_orders (svc/rel-cdcrelay-orders)",
-					"description": "No scraped replica of svc/rel-cdcrelay-orders reports role=streaming: the pods are down, not scraped, still starting, or all waiting as standbys (an adoption or slot recreation that publishes its backlog does not count while the backfill advances, nor a stream stalled on an unroutable row, which CdcrelayUnroutableStall reports). Outbox events are not published; PostgreSQL keeps the WAL for slot cdcrelay_orders meanwhile.",
+					"description": "No scraped replica of svc/rel-cdcrelay-orders reports role=streaming: the pods are down, not scraped, still starting, or all waiting as standbys (an adoption or slot recreation that publishes its backlog does not count while the backfill advances, nor a stream stalled on an unroutable row, which CdcrelayUnroutableStall reports). Outbox events are not published, and none is lost: they wait in the outbox, and PostgreSQL keeps the WAL for slot cdcrelay_orders meanwhile.",
 					"runbook_url": runbookBase + "#cdcrelaynostreamingrelay",
 				},
 				"CdcrelaySlotRetainedWalHigh": {
 					"summary":     "Slot cdcrelay_billing holds back 2GiB of WAL",
-					"description": "The replication slot cdcrelay_billing (svc/rel-cdcrelay-billing) is not advancing fast enough: PostgreSQL keeps its WAL and the primary's disk fills up. Check that a relay streams, that the broker confirms publishes and that nothing else holds the slot back.",
+					"description": "The replication slot cdcrelay_billing (svc/rel-cdcrelay-billing) is not advancing fast enough: PostgreSQL keeps its WAL and the primary's disk fills up (no event is lost). Check that a relay streams, that the broker confirms publishes and that nothing else holds the slot back.",
 					"runbook_url": runbookBase + "#cdcrelayslotretainedwalhigh",
 				},
 				"CdcrelayOldestUnpublishedTooOld": {
 					"summary":     "The oldest unmarked outbox row of slot cdcrelay_billing is 10m 0s old",
-					"description": "An outbox row of svc/rel-cdcrelay-billing (parked rows aside) still has published_at NULL after this long. Either it was not published (no relay streams, the broker refuses or blocks, the slot does not advance) or it was published and not marked (the janitor fails). Check the other alerts of this service first.",
+					"description": "An outbox row of svc/rel-cdcrelay-billing (parked rows aside) still has published_at NULL after this long. Either it was not published (no relay streams, the broker refuses or blocks, the slot does not advance) or it was published and not marked (the janitor fails). No event is lost: the row waits in the outbox. Check the other alerts of this service first.",
 					"runbook_url": runbookBase + "#cdcrelayoldestunpublishedtooold",
 				},
 			}},
@@ -633,7 +696,7 @@ func selectorScenarios(v ruleVariant) []ruleScenario {
 			fire:     []firing{fire("15m", "CdcrelaySlotRetainedWalHigh", v.bySlot("CdcrelaySlotRetainedWalHigh", orders))}},
 		{name: "custom selector: a stall, labelled with its row",
 			replicas: append(ordersWith(c, map[string]string{noRoute.series(): "1x40"}), billingHealthy(c)),
-			fire:     []firing{fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels()))}},
+			fire:     []firing{fire("10m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noRoute.labels()))}},
 		{name: "custom selector: a stall of billing does not hide an outage of orders (joined by target)",
 			replicas: []replica{
 				{target: c("a"), slot: orders.slot, role: "starting", holder: true},
@@ -641,17 +704,20 @@ func selectorScenarios(v ruleVariant) []ruleScenario {
 				{target: c("c"), slot: billing.slot, role: "streaming", holder: true, set: map[string]string{noExchange.series(): "1x40"}}},
 			fire: []firing{
 				fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
-				fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", billing), noExchange.labels())),
+				fire("10m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", billing), noExchange.labels())),
 			}},
 		{name: "custom selector: a stall of orders holds NoStreamingRelay off for orders",
 			replicas: []replica{
 				{target: c("a"), slot: orders.slot, role: "starting", holder: true, set: map[string]string{noRoute.series(): "1x40"}},
 				{target: c("b"), slot: orders.slot, role: "standby"},
 				billingHealthy(c)},
-			fire: []firing{fire("10m", "CdcrelayUnroutableStall", with(v.bySvc("CdcrelayUnroutableStall", orders), noRoute.labels()))}},
+			fire: []firing{fire("10m", "CdcrelayUnroutableStall", with(v.bySlot("CdcrelayUnroutableStall", orders), noRoute.labels()))}},
+		{name: "custom selector: retention fails from the start, the alert names slot and source",
+			replicas: append(ordersWith(c, map[string]string{"cdcrelay_retention_errors_total": "0+1x40"}), billingHealthy(c)),
+			fire:     []firing{fire("20m", "CdcrelayRetentionFailing", v.bySlot("CdcrelayRetentionFailing", orders))}},
 		{name: "custom selector: parked row",
 			replicas: append(ordersWith(c, map[string]string{"cdcrelay_outbox_parked": "1x40"}), billingHealthy(c)),
-			fire:     []firing{fire("10m", "CdcrelayParkedRows", v.bySvc("CdcrelayParkedRows", orders))}},
+			fire:     []firing{fire("10m", "CdcrelayParkedRows", v.bySlot("CdcrelayParkedRows", orders))}},
 	}
 }
 
@@ -707,6 +773,12 @@ func TestAlertRulesWithPromtool(t *testing.T) {
 			for _, f := range s.fire {
 				if len(f.labels) > 0 {
 					fired[f.alert] = true
+				}
+				// promtool compares label sets exactly: these are the alerts' labels.
+				for _, l := range f.labels {
+					if l["slot"] == "" || l["source"] == "" {
+						t.Errorf("%s/%s: %s expected with labels %v, without its slot or source", v.name, s.name, f.alert, l)
+					}
 				}
 			}
 			t.Run(v.name+"/"+s.name, func(t *testing.T) {

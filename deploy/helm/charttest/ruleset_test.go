@@ -99,43 +99,72 @@ func matcherStrings(s selector) []string {
 	return out
 }
 
-// TestAlertGroupingMatchesLabels: no rule groups `by (…, slot, …)` over a metric
-// without the relay's slot label (the publisher's, the pipeline's, the janitor's
-// counters): such a rule would promise a label its alerts never carry. The
-// metrics that have it are slotLabelled's, as the relay registers them.
+// TestAlertGroupingMatchesLabels: every alert names its slot and source. A
+// per-source rule has both as static labels. Every other rule aggregates by
+// namespace, service, source and slot in each aggregation (none aggregates them
+// away), over metrics that carry the relay's slot label (slotLabelled, as the relay
+// registers them: a `by (slot)` over a metric without it would promise a label the
+// alert never carries), and its `source` label is the chart's template that names
+// the source of the alert's slot, for targets a custom selector finds without one.
 func TestAlertGroupingMatchesLabels(t *testing.T) {
 	t.Parallel()
+	want := []string{"namespace", "service", "source", "slot"}
+	sources := []source{orders, billing}
 	for _, file := range []string{"alerts.yaml", "alerts-selector.yaml"} {
 		groups := ruleGroups(t, []string{file})
-		checked := 0
+		checked, aggregated := 0, 0
 		for _, g := range groups {
 			for _, r := range g.Rules {
+				if r.Alert == "CdcrelayNoStreamingRelay" || r.Alert == "CdcrelayNoStandby" {
+					if r.Labels["slot"] == "" || r.Labels["source"] == "" || strings.Contains(r.Labels["source"]+r.Labels["slot"], "{{") {
+						t.Errorf("%s (%s): per-source rule with labels %v, want a static slot and source", r.Alert, file, r.Labels)
+					}
+					continue
+				}
+				aggregated++
+				for _, s := range sources {
+					if !strings.Contains(r.Labels["source"], fmt.Sprintf(`{{ if eq $labels.slot %q }}%s{{ else }}`, s.slot, s.name)) {
+						t.Errorf("%s (%s): source label %q does not name %s for slot %s", r.Alert, file, r.Labels["source"], s.name, s.slot)
+					}
+				}
+				if r.Labels["slot"] != "" {
+					t.Errorf("%s (%s): static slot %q: the slot is the series'", r.Alert, file, r.Labels["slot"])
+				}
 				e, err := parser.NewParser(parser.Options{}).ParseExpr(r.Expr)
 				if err != nil {
 					t.Fatalf("%s: %v", r.Alert, err)
 				}
+				aggs := 0
 				parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
 					agg, ok := n.(*parser.AggregateExpr)
-					if !ok || agg.Without {
+					if !ok {
 						return nil
 					}
 					checked++
+					aggs++
+					for _, l := range want {
+						if agg.Without || !slices.Contains(agg.Grouping, l) {
+							t.Errorf("%s (%s): %s aggregates %s away", r.Alert, file, agg.String(), l)
+						}
+					}
 					sels, err := selectors(agg.Expr.String())
 					if err != nil {
 						t.Fatalf("%s: %v", r.Alert, err)
 					}
 					for _, s := range sels {
-						name := strings.TrimSuffix(s.name, "_bucket")
-						if slices.Contains(agg.Grouping, "slot") && !slotLabelled[name] {
+						if name := strings.TrimSuffix(s.name, "_bucket"); !slotLabelled[name] {
 							t.Errorf("%s (%s): %s groups by slot over %s, which has no slot label", r.Alert, file, agg.String(), s.name)
 						}
 					}
 					return nil
 				})
+				if aggs == 0 {
+					t.Errorf("%s (%s): no aggregation: one alert per replica, not per source: %s", r.Alert, file, r.Expr)
+				}
 			}
 		}
-		if checked < 10 {
-			t.Errorf("%s: only %d aggregations checked", file, checked)
+		if checked < 20 || aggregated != len(defaultSeverity)-2 {
+			t.Errorf("%s: only %d aggregations in %d aggregated rules checked", file, checked, aggregated)
 		}
 	}
 }
@@ -164,6 +193,7 @@ func TestAlertRuleValues(t *testing.T) {
 		"--set", "monitoring.prometheusRule.oldestUnpublished.threshold=900",
 		"--set", "monitoring.prometheusRule.restartStorm.threshold=10",
 		"--set", "monitoring.prometheusRule.monitorStale.threshold=600",
+		"--set", "monitoring.prometheusRule.retentionFailing.threshold=7200",
 		"--set", "monitoring.prometheusRule.noStreamingRelay.for=2m",
 		"--set", "monitoring.prometheusRule.noStandby.severity=info",
 		"--set", "monitoring.prometheusRule.brokerBlocked.enabled=false",
@@ -178,8 +208,9 @@ func TestAlertRuleValues(t *testing.T) {
 		"CdcrelayEndToEndSlow":            "> 0.25",
 		"CdcrelaySlotNearInvalidation":    ">= 0 < 5368709120",
 		"CdcrelayOldestUnpublishedTooOld": "> 900",
-		"CdcrelayRestartStorm":            "> 10 unless on (namespace, service) max_over_time(cdcrelay_stalled_event_info{" + `namespace="svc",service=~"rel-cdcrelay-orders|rel-cdcrelay-billing|rel-cdcrelay-legacy"}[15m])`,
+		"CdcrelayRestartStorm":            "> 10 unless on (namespace, service, source, slot) max_over_time(cdcrelay_stalled_event_info{" + `namespace="svc",service=~"rel-cdcrelay-orders|rel-cdcrelay-billing|rel-cdcrelay-legacy"}[15m])`,
 		"CdcrelayMonitorStale":            "> 600",
+		"CdcrelayRetentionFailing":        `> 7200 and on (namespace, service, source, slot) max by (namespace, service, source, slot) (cdcrelay_role{namespace="svc",service=~"rel-cdcrelay-orders|rel-cdcrelay-billing|rel-cdcrelay-legacy",role="streaming"}) == 1)`,
 	}
 	for alert, suffix := range wantSuffix {
 		rs := ruleByAlert(groups, alert)

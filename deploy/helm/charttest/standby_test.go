@@ -37,7 +37,7 @@ func TestReplicationURL(t *testing.T) {
 	for _, e := range relay(t, orders).Env {
 		names = append(names, e.Name)
 	}
-	if db, rep, amqp := slices.Index(names, "CDCRELAY_DATABASE_URL"), slices.Index(names, "CDCRELAY_REPLICATION_URL"), slices.Index(names, "CDCRELAY_AMQP_URL"); !(db < rep && rep < amqp) {
+	if db, rep, amqp := slices.Index(names, "CDCRELAY_DATABASE_URL"), slices.Index(names, "CDCRELAY_REPLICATION_URL"), slices.Index(names, "CDCRELAY_AMQP_URL"); db >= rep || rep >= amqp {
 		t.Errorf("orders: env order %v", names)
 	}
 

@@ -82,13 +82,102 @@ changes nothing in the pod. Argument: dict "root" $ "src" $src ["extra" map].
 {{- end }}
 {{- end }}
 
+{{/*
+The relay's image. global.imageRegistry (as in bitnami charts, for a registry
+mirror) replaces the registry host of image.repository, the first path component
+when it looks like a host (it has a "." or a ":", or is localhost), and is put in
+front of a repository without one.
+*/}}
 {{- define "cdcrelay.image" -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
-{{- else }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- $repo := .Values.image.repository }}
+{{- $registry := "" }}
+{{- with .Values.global }}
+{{- $registry = default "" .imageRegistry | trimSuffix "/" }}
 {{- end }}
+{{- if $registry }}
+{{- $parts := splitn "/" 2 $repo }}
+{{- if and $parts._1 (or (contains "." $parts._0) (contains ":" $parts._0) (eq $parts._0 "localhost")) }}
+{{- $repo = $parts._1 }}
+{{- end }}
+{{- $repo = printf "%s/%s" $registry $repo }}
+{{- end }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" $repo .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repo $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+metadata.annotations of an object: commonAnnotations, then the object's own
+("own", a map), which win. Renders nothing when both are empty, so that an object
+without annotations stays as it was. Argument: dict "root" $ ["own" map].
+Renders `annotations:` and the map, at column 0, or nothing:
+  {{- with include "cdcrelay.annotations" (dict "root" $) }}
+  {{- . | nindent 2 }}
+  {{- end }}
+*/}}
+{{- define "cdcrelay.annotations" -}}
+{{- $a := merge (deepCopy (default dict .own)) (deepCopy (default dict .root.Values.commonAnnotations)) }}
+{{- if $a -}}
+annotations:
+  {{- toYaml $a | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The pod-level securityContext of every pod the chart renders (the relays and the
+helm test pods): restricted, with the ids of podSecurityContext.
+*/}}
+{{- define "cdcrelay.podSecurityContext" -}}
+runAsNonRoot: true
+{{- range $k := list "runAsUser" "runAsGroup" "fsGroup" }}
+{{- $id := index $.Values.podSecurityContext $k }}
+{{- if not (or (kindIs "invalid" $id) (eq (toString $id) "")) }}
+{{ $k }}: {{ int64 $id }}
+{{- end }}
+{{- end }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/*
+The container securityContext of the relay, of the helm test's check, and of every
+initContainer and sidecar that does not set its own: the restricted Pod Security
+Standard and a read-only root filesystem.
+*/}}
+{{- define "cdcrelay.containerSecurityContext" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/*
+A list with one entry per key (the value of field "key" of each entry): an entry
+with the key of an earlier one replaces it, in the earlier one's place, as for
+extraEnv. Argument: dict "list" list "key" string. Renders YAML (fromYamlArray).
+*/}}
+{{- define "cdcrelay.lastByKey" -}}
+{{- $by := dict }}
+{{- range $e := .list }}
+{{- $_ := set $by (toString (get $e $.key)) $e }}
+{{- end }}
+{{- $out := list }}
+{{- $done := dict }}
+{{- range $e := .list }}
+{{- $k := toString (get $e $.key) }}
+{{- if not (hasKey $done $k) }}
+{{- $_ := set $done $k true }}
+{{- $out = append $out (get $by $k) }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
 {{- end }}
 
 {{/*
@@ -165,10 +254,18 @@ Argument: dict "root" $ "out" (dict).
 {{- end }}
 {{- $cfg := deepCopy $v.defaults }}
 {{- range $k, $val := $src }}
-{{- if eq $k "extraEnv" }}
-{{- $_ := set $cfg "extraEnv" (concat (default list $v.defaults.extraEnv) (default list $val)) }}
+{{- if has $k (list "extraEnv" "extraEnvFrom" "extraVolumes" "extraVolumeMounts" "initContainers" "sidecars") }}
+{{- $_ := set $cfg $k (concat (default list (get $v.defaults $k)) (default list $val)) }}
 {{- else if eq $k "columns" }}
 {{- $_ := set $cfg "columns" (merge (deepCopy (default dict $val)) (deepCopy (default dict $v.defaults.columns))) }}
+{{- else if eq $k "networkPolicy" }}
+{{- /* key by key: a source's postgresql, broker or extraEgress replaces that of
+defaults whole (so `to: []` or `ports: null` there mean what they say) */}}
+{{- $np := deepCopy (default dict $v.defaults.networkPolicy) }}
+{{- range $nk, $nv := default dict $val }}
+{{- $_ := set $np $nk $nv }}
+{{- end }}
+{{- $_ := set $cfg "networkPolicy" $np }}
 {{- else }}
 {{- $_ := set $cfg $k $val }}
 {{- end }}
@@ -241,7 +338,50 @@ PostgreSQL refuses failover for a slot created on a standby. */}}
 {{- else if le (int64 $cfg.terminationGracePeriodSeconds) (int64 $stop) }}
 {{- fail (printf "cdcrelay: %s: terminationGracePeriodSeconds (%s) must be above shutdownTimeout (%ds)" $where (include "cdcrelay.envString" $cfg.terminationGracePeriodSeconds) $stop) }}
 {{- end }}
+{{- /* poison stop makes the relay exit at a poison row, naming it, and park
+nothing: a dead-letter exchange would never receive a copy. The settings may come
+from values or from literal extraEnv entries (CDCRELAY_POISON when poison is null,
+CDCRELAY_DEAD_LETTER_EXCHANGE when deadLetterExchange is null); the later wins. */}}
+{{- $poison := toString (default "" $cfg.poison) }}
+{{- $dlx := toString (default "" $cfg.deadLetterExchange) }}
+{{- range $e := default list $cfg.extraEnv }}
+{{- if and (eq $e.name "CDCRELAY_POISON") (hasKey $e "value") }}
+{{- $poison = toString $e.value }}
+{{- else if and (eq $e.name "CDCRELAY_DEAD_LETTER_EXCHANGE") (hasKey $e "value") }}
+{{- $dlx = toString $e.value }}
+{{- end }}
+{{- end }}
+{{- if and (eq $poison "stop") (ne $dlx "") }}
+{{- fail (printf "cdcrelay: %s: poison \"stop\" with deadLetterExchange %q: with poison stop the relay exits at the first poison row (and at an unroutable one with unroutable: park) and parks nothing, so nothing would ever reach the dead-letter exchange. Set poison to park (or null: the relay's default, park) to dead-letter poison rows, or deadLetterExchange to null to stop at them" $where $dlx) }}
+{{- end }}
+{{- /* The lists that add containers and volumes to the pod: of two entries with
+one name the later wins (volume mounts: one mountPath). An initContainer or sidecar
+without a securityContext of its own gets the relay's restricted one. */}}
+{{- $_ := set $cfg "extraVolumes" (include "cdcrelay.lastByKey" (dict "list" (concat (default list $v.extraVolumes) (default list $cfg.extraVolumes)) "key" "name") | fromYamlArray) }}
+{{- $_ := set $cfg "extraVolumeMounts" (include "cdcrelay.lastByKey" (dict "list" (concat (default list $v.extraVolumeMounts) (default list $cfg.extraVolumeMounts)) "key" "mountPath") | fromYamlArray) }}
+{{- range $ev := $cfg.extraVolumes }}
+{{- if has (toString $ev.name) (list "tmp" "database-url" "replication-url" "amqp-url" "amqp-tls") }}
+{{- fail (printf "cdcrelay: %s: extraVolumes %q: the chart uses that volume name itself (tmp, database-url, replication-url, amqp-url, amqp-tls); choose another" $where (toString $ev.name)) }}
+{{- end }}
+{{- end }}
+{{- $sc := include "cdcrelay.containerSecurityContext" $root | fromYaml }}
+{{- range $list := list "initContainers" "sidecars" }}
+{{- $cs := list }}
+{{- range $c := include "cdcrelay.lastByKey" (dict "list" (default list (get $cfg $list)) "key" "name") | fromYamlArray }}
+{{- if has (toString $c.name) (list "relay" "check") }}
+{{- fail (printf "cdcrelay: %s: %s %q: the chart names its own containers relay and check; choose another name" $where $list (toString $c.name)) }}
+{{- end }}
+{{- if not (hasKey $c "securityContext") }}
+{{- $_ := set $c "securityContext" (deepCopy $sc) }}
+{{- end }}
+{{- $cs = append $cs $c }}
+{{- end }}
+{{- $_ := set $cfg $list $cs }}
+{{- end }}
 {{- $items = append $items $cfg }}
+{{- end }}
+{{- if and $v.monitoring.serviceMonitor.enabled (dig "podMonitor" "enabled" false $v.monitoring) }}
+{{- fail "cdcrelay: monitoring.serviceMonitor and monitoring.podMonitor are both enabled: each relay would be scraped twice; enable one of them" }}
 {{- end }}
 {{- $_ := set .out "items" $items }}
 {{- end }}
@@ -420,4 +560,141 @@ name the later wins. */}}
 {{- end }}
 {{- end }}
 {{- toYaml $out }}
+{{- end }}
+
+{{/*
+The volume mounts of the container that runs the relay (run, or check in the helm
+test): /tmp, the Secrets mounted as files, then the extra mounts. A list, at column
+0. Argument: dict "root" $ "src" $src.
+*/}}
+{{- define "cdcrelay.volumeMounts" -}}
+{{- $src := .src -}}
+- name: tmp
+  mountPath: /tmp
+{{- if $src.database.mountAsFile }}
+- name: database-url
+  mountPath: /etc/cdcrelay/secrets/database
+  readOnly: true
+{{- end }}
+{{- with $src.replication }}
+{{- if .mountAsFile }}
+- name: replication-url
+  mountPath: /etc/cdcrelay/secrets/replication
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- if $src.amqp.mountAsFile }}
+- name: amqp-url
+  mountPath: /etc/cdcrelay/secrets/amqp
+  readOnly: true
+{{- end }}
+{{- if $src.amqpTLS }}
+- name: amqp-tls
+  mountPath: {{ include "cdcrelay.amqpTLSDir" .root }}
+  readOnly: true
+{{- end }}
+{{- with $src.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The volumes of a source's pods (the relays' and the helm test's): /tmp, the Secrets
+mounted as files, then the extra volumes. A list, at column 0. Argument: dict "root"
+$ "src" $src.
+*/}}
+{{- define "cdcrelay.volumes" -}}
+{{- $src := .src -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- if $src.database.mountAsFile }}
+- name: database-url
+  secret:
+    secretName: {{ $src.database.secretName }}
+    defaultMode: 0440
+    items:
+      - key: {{ $src.database.key }}
+        path: url
+{{- end }}
+{{- with $src.replication }}
+{{- if .mountAsFile }}
+- name: replication-url
+  secret:
+    secretName: {{ .secretName }}
+    defaultMode: 0440
+    items:
+      - key: {{ .key }}
+        path: url
+{{- end }}
+{{- end }}
+{{- if $src.amqp.mountAsFile }}
+- name: amqp-url
+  secret:
+    secretName: {{ $src.amqp.secretName }}
+    defaultMode: 0440
+    items:
+      - key: {{ $src.amqp.key }}
+        path: url
+{{- end }}
+{{- with $src.amqpTLS }}
+- name: amqp-tls
+  secret:
+    secretName: {{ .secretName }}
+    defaultMode: 0440
+    items:
+      {{- range $k := list "ca" "cert" "key" }}
+      {{- with get $src.amqpTLS $k }}
+      - key: {{ . }}
+        path: {{ $k }}.pem
+      {{- end }}
+      {{- end }}
+{{- end }}
+{{- with $src.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels of one source's pods of every kind (the relays and the helm test's
+check): the NetworkPolicy selects these. The relays' selector adds
+app.kubernetes.io/component: relay. Argument: dict "root" $ "src" $src.
+*/}}
+{{- define "cdcrelay.sourcePodLabels" -}}
+app.kubernetes.io/name: {{ include "cdcrelay.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+cdcrelay.io/source: {{ .src.sourceLabel }}
+{{- end }}
+
+{{/*
+The NetworkPolicy ports of one source's egress rule: "postgresql" or "broker".
+Set ports are used as given; null ports are derived: PostgreSQL 5432; the broker
+5671 (amqps) with amqpTLS, else 5672 and 5671 (the URL, in a Secret, may be either);
+with a CDCRELAY_AMQP_MANAGEMENT_URL in extraEnv also 15672 and 15671. A list of
+NetworkPolicyPort, at column 0. Argument: dict "src" $src "what" string.
+*/}}
+{{- define "cdcrelay.egressPorts" -}}
+{{- $np := default dict .src.networkPolicy }}
+{{- $cfg := default dict (get $np .what) }}
+{{- $ports := $cfg.ports }}
+{{- if kindIs "invalid" $ports }}
+{{- if eq .what "postgresql" }}
+{{- $ports = list 5432 }}
+{{- else if .src.amqpTLS }}
+{{- $ports = list 5671 }}
+{{- else }}
+{{- $ports = list 5672 5671 }}
+{{- end }}
+{{- if eq .what "broker" }}
+{{- range $e := default list .src.extraEnv }}
+{{- if eq $e.name "CDCRELAY_AMQP_MANAGEMENT_URL" }}
+{{- $ports = concat $ports (list 15672 15671) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $p := uniq $ports }}
+- port: {{ int64 $p }}
+  protocol: TCP
+{{- end }}
 {{- end }}
