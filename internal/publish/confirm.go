@@ -19,7 +19,7 @@ import (
 // basic.return is only noted when it arrives, and acted on at its
 // message's turn: the events before it are acked first, so the next
 // session does not publish them again.
-func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflight, slots, bytes *semaphore.Weighted) error {
+func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflight, slots *semaphore.Weighted, bytes Budget) error {
 	for {
 		select {
 		case f, ok := <-fifo:

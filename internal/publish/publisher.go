@@ -97,7 +97,7 @@ type Publisher struct {
 	// count too (invariant 6, docs/architecture.md). The publisher gives the
 	// weight back once the event's confirm or park is handled. If nil, the
 	// publisher takes the weight itself before each publish.
-	budget *semaphore.Weighted
+	budget Budget
 	// drained is closed once in is closed and every published message is
 	// confirmed (see Drained).
 	drained chan struct{}
@@ -129,10 +129,17 @@ const (
 	ParkUnroutable
 )
 
+// Budget is the session's byte budget: a semaphore.Weighted, or one that
+// also tells how much of it is taken (the relay's, for its gauge).
+type Budget interface {
+	Acquire(ctx context.Context, n int64) error
+	Release(n int64)
+}
+
 // NewPublisher returns the publisher of one session: it publishes the
 // events of in on link and reports their fate to acks. budget may be nil
 // (see Publisher.budget).
-func NewPublisher(link *Link, in <-chan wal.Event, acks Acker, budget *semaphore.Weighted, cfg PublisherConfig) *Publisher {
+func NewPublisher(link *Link, in <-chan wal.Event, acks Acker, budget Budget, cfg PublisherConfig) *Publisher {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -288,7 +295,7 @@ func LaneOf(routingKey string, n int) int {
 	return int(h % uint32(n))
 }
 
-func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Event, fifo chan<- inflight, slots, bytes *semaphore.Weighted) error {
+func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Event, fifo chan<- inflight, slots *semaphore.Weighted, bytes Budget) error {
 	defer close(fifo)
 	for {
 		var ev wal.Event

@@ -6,8 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -22,8 +20,8 @@ type acks struct {
 	ctx       context.Context //nolint:containedctx // the session's: Ack has no ctx parameter (publish.Acker), and a wait for room in the recorder must end with the session
 	watermark *slot.Watermark
 	outcomes  Outcomes
-	open      *atomic.Int64      // events handed to outcomes and not done yet
-	count     prometheus.Counter // if set, counts every confirm (adoption progress)
+	open      *atomic.Int64        // events handed to outcomes and not done yet
+	count     []interface{ Inc() } // each counts every confirm (an adoption's progress)
 }
 
 func newAcks(ctx context.Context, watermark *slot.Watermark, outcomes Outcomes) acks {
@@ -43,8 +41,8 @@ func (a acks) Parked(ev publish.Ref, reason string) {
 // Resumed moves the watermark past an event an earlier session had acked
 // and marked (publish.Resume): its row needs nothing more.
 func (a acks) Resumed(ev publish.Ref) {
-	if a.count != nil {
-		a.count.Inc()
+	for _, c := range a.count {
+		c.Inc()
 	}
 	a.watermark.AckAt(ev.Seq, ev.At, ev.ID)
 }
@@ -52,8 +50,8 @@ func (a acks) Resumed(ev publish.Ref) {
 // hand gives event seq to outcomes through give, whose done callback
 // acks the watermark; without outcomes the watermark is acked at once.
 func (a acks) hand(ev publish.Ref, give func(done func()) error) {
-	if a.count != nil {
-		a.count.Inc()
+	for _, c := range a.count {
+		c.Inc()
 	}
 	if a.outcomes == nil {
 		a.watermark.AckAt(ev.Seq, ev.At, ev.ID)

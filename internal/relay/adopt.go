@@ -51,14 +51,16 @@ func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgCon
 	g, gctx := errgroup.WithContext(ctx)
 	backlogAcks := newAcks(gctx, seq, r.outcomes)
 	// Each confirm counts at once, so the counter shows the adoption's progress.
-	backlogAcks.count = r.metrics.backfilled
+	r.metrics.backfillRows.Set(0)
+	r.metrics.backfillDone.Set(0)
+	backlogAcks.count = []interface{ Inc() }{r.metrics.backfilled, r.metrics.backfillDone}
 	budget := r.budget()
 	publisher := publish.NewPublisher(link, events, backlogAcks, budget, r.publisherConfig())
 	g.Go(func() error {
 		var err error
 		// The exported snapshot is the slot server's: a standby's cannot
 		// be imported on the primary.
-		n, err = slot.Backfill(gctx, sdb, created, r.mapping, seq, rows)
+		n, err = slot.Backfill(gctx, sdb, created, r.mapping, seq, rows, func(n int64) { r.metrics.backfillRows.Set(float64(n)) })
 		return err
 	})
 	g.Go(func() error { return r.budgeted(gctx, budget, rows, events) })

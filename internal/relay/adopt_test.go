@@ -91,6 +91,12 @@ func TestIntegrationAdoptionWithoutGap(t *testing.T) {
 	if n := gauge(t, r.reg, "cdcrelay_backfill_events_total"); n < float64(len(old)) {
 		t.Fatalf("backfill counter %v, want at least %d", n, len(old))
 	}
+	// The backlog counted in the snapshot (the drainer's rows, and the live
+	// ones committed before the slot), all of it confirmed.
+	total, done := gauge(t, r.reg, "cdcrelay_backfill_rows"), gauge(t, r.reg, "cdcrelay_backfill_rows_done")
+	if total < float64(len(old)) || total > float64(len(all)) || done != total || gauge(t, r.reg, "cdcrelay_backfill_running") != 0 {
+		t.Fatalf("backfill rows %v, done %v, running %v: want between %d and %d, all done, not running", total, done, gauge(t, r.reg, "cdcrelay_backfill_running"), len(old), len(all))
+	}
 }
 
 // TestIntegrationAdoptionInterrupted kills the relay in the middle of

@@ -11,8 +11,11 @@ type metrics struct {
 	backfilled      prometheus.Counter
 	// backfilling is 1 while a new slot's backlog is published.
 	backfilling prometheus.Gauge
-	role        *prometheus.GaugeVec
-	timeline    prometheus.Gauge
+	// backfillRows is how many rows the last backfill set out to publish,
+	// backfillDone how many of them are confirmed.
+	backfillRows, backfillDone prometheus.Gauge
+	role                       *prometheus.GaugeVec
+	timeline                   prometheus.Gauge
 
 	// brokerNodeSwitches counts sessions on another broker node than the
 	// session before (CDCRELAY_AMQP_URL lists several).
@@ -47,6 +50,14 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 			// progressing (CdcrelayNoStreamingRelay holds off meanwhile).
 			ConstLabels: prometheus.Labels{"slot": slotName},
 		}),
+		backfillRows: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_backfill_rows", Help: "Rows the last backfill of this relay set out to publish, counted in its snapshot when it began (0: none since start); cdcrelay_backfill_events_total counts them as they are confirmed.",
+			ConstLabels: prometheus.Labels{"slot": slotName},
+		}),
+		backfillDone: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_backfill_rows_done", Help: "Rows of the last backfill (cdcrelay_backfill_rows) the broker has confirmed; with cdcrelay_backfill_running, the adoption's progress and ETA.",
+			ConstLabels: prometheus.Labels{"slot": slotName},
+		}),
 		backfilling: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cdcrelay_backfill_running", Help: "1 while this relay publishes a new slot's backlog from its snapshot (adoption or recreation); with cdcrelay_backfill_events_total and cdcrelay_outbox_unpublished, the progress and what is left.",
 			ConstLabels: prometheus.Labels{"slot": slotName},
@@ -70,7 +81,7 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 		m.connectFailures.WithLabelValues(side)
 		m.reconnects.WithLabelValues(side)
 	}
-	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.brokerNodeSwitches, m.slotLost, m.backfilled, m.backfilling, m.role, m.timeline)
+	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.brokerNodeSwitches, m.slotLost, m.backfilled, m.backfilling, m.backfillRows, m.backfillDone, m.role, m.timeline)
 	return m
 }
 

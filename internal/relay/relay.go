@@ -91,12 +91,13 @@ type Relay struct {
 	originsNoted string
 
 	role     atomic.Int32
-	alive    atomic.Int64           // unix nanos of the reader's last turn (touch)
-	adopting atomic.Bool            // a new slot's backlog is being published
-	detail   atomic.Pointer[string] // what a starting relay waits for (see Status)
-	lockPID  atomic.Uint32          // backend pid of the last session's slot lock connection
-	owner    atomic.Bool            // the session holds the slot lock (see Owner)
-	broker   brokerNodes            // the node the next session dials first (connect.go)
+	inFlight atomic.Pointer[meteredBudget] // the newest session's byte budget
+	alive    atomic.Int64                  // unix nanos of the reader's last turn (touch)
+	adopting atomic.Bool                   // a new slot's backlog is being published
+	detail   atomic.Pointer[string]        // what a starting relay waits for (see Status)
+	lockPID  atomic.Uint32                 // backend pid of the last session's slot lock connection
+	owner    atomic.Bool                   // the session holds the slot lock (see Owner)
+	broker   brokerNodes                   // the node the next session dials first (connect.go)
 }
 
 // wedgedAfter is how long a streaming reader may go without a turn of its
@@ -130,7 +131,7 @@ func New(cfg config.Config, outcomes Outcomes, log *slog.Logger, reg prometheus.
 		reg = prometheus.NewRegistry()
 	}
 	registerLimits(reg, int64(cfg.MaxInFlight), int64(cfg.MaxInFlightBytes))
-	return &Relay{
+	r := &Relay{
 		cfg: cfg,
 		mapping: wal.Mapping{
 			Schema: schema, Table: table,
@@ -151,7 +152,10 @@ func New(cfg config.Config, outcomes Outcomes, log *slog.Logger, reg prometheus.
 		unroutable: map[string]publish.UnroutablePolicy{
 			config.UnroutableStall: publish.StallUnroutable, config.UnroutablePark: publish.ParkUnroutable,
 		}[cfg.Unroutable],
-	}, nil
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cdcrelay_in_flight_bytes",
+		Help: "Bytes of the byte budget (CDCRELAY_MAX_IN_FLIGHT_BYTES) taken now: events decoded, or read from a snapshot, whose confirm or park is not yet handled."}, r.inFlightBytes))
+	return r, nil
 }
 
 // touch records a turn of the reader's loop (wal.ReaderConfig.Turned).

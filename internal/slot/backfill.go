@@ -45,7 +45,11 @@ type Sequencer interface{ Event() uint64 }
 // reader takes the byte budget. A row larger than m.MaxMessageBytes is
 // judged from its length in the database and read without its values: it
 // becomes a poison event with a Problem naming its size.
-func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq Sequencer, out chan<- wal.Event) (int, error) {
+//
+// total, if not nil, is told first how many rows the snapshot holds to
+// publish (counted in the same snapshot): with the events sent since, the
+// adoption's progress and what is left.
+func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq Sequencer, out chan<- wal.Event, total func(int64)) (int, error) {
 	defer close(out)
 	query, err := backfillQuery(ctx, db, m)
 	if err != nil {
@@ -64,6 +68,13 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 	// not end an adoption that is only waiting.
 	if _, err := tx.Exec(ctx, "SET LOCAL idle_in_transaction_session_timeout = 0"); err != nil {
 		return 0, fmt.Errorf("backfill: %w", err)
+	}
+	if total != nil {
+		var rows int64
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{m.Schema, m.Table}.Sanitize()+" WHERE published_at IS NULL").Scan(&rows); err != nil {
+			return 0, fmt.Errorf("count the backlog: %w", err)
+		}
+		total(rows)
 	}
 	if _, err := tx.Exec(ctx, "DECLARE cdcrelay_backfill NO SCROLL CURSOR FOR "+query); err != nil {
 		return 0, fmt.Errorf("declare backfill cursor: %w", err)

@@ -99,7 +99,7 @@ func backfillBenchOnce(b *testing.B, db, holder *pgx.Conn, m wal.Mapping) int {
 		}
 		done <- n
 	}()
-	if _, err := Backfill(ctx, db, Created{Snapshot: snapshot}, m, &backfillBenchSeq{}, out); err != nil {
+	if _, err := Backfill(ctx, db, Created{Snapshot: snapshot}, m, &backfillBenchSeq{}, out, nil); err != nil {
 		b.Fatal(err)
 	}
 	return <-done

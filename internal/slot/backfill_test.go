@@ -139,7 +139,8 @@ func TestIntegrationBackfillByBytes(t *testing.T) {
 	m := wal.Mapping{Schema: "public", Table: "outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload", Headers: "headers", MaxMessageBytes: limit}
 	c := Created{ConsistentPoint: pglogrepl.LSN(0x16B3748), Snapshot: snapshot}
 	out := make(chan wal.Event, 2000)
-	n, err := Backfill(ctx, db, c, m, &backfillTestSeq{}, out)
+	var total int64
+	n, err := Backfill(ctx, db, c, m, &backfillTestSeq{}, out, func(n int64) { total = n })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,8 +148,8 @@ func TestIntegrationBackfillByBytes(t *testing.T) {
 	for ev := range out {
 		got = append(got, ev)
 	}
-	if n != len(want) || len(got) != len(want) {
-		t.Fatalf("Backfill returned %d and sent %d events, want %d", n, len(got), len(want))
+	if n != len(want) || len(got) != len(want) || total != int64(len(want)) {
+		t.Fatalf("Backfill counted %d, returned %d and sent %d events, want %d", total, n, len(got), len(want))
 	}
 	for i, ev := range got {
 		if ev.ID != want[i] || ev.Index != i || ev.Seq != uint64(i+1) || ev.CommitLSN != c.ConsistentPoint-1 || !ev.Backfill {
@@ -181,7 +182,7 @@ func TestIntegrationBackfillByBytes(t *testing.T) {
 	// Without a limit (MaxMessageBytes 0) nothing is judged by size.
 	m.MaxMessageBytes = 0
 	out = make(chan wal.Event, 2000)
-	if _, err := Backfill(ctx, db, c, m, &backfillTestSeq{}, out); err != nil {
+	if _, err := Backfill(ctx, db, c, m, &backfillTestSeq{}, out, nil); err != nil {
 		t.Fatal(err)
 	}
 	for ev := range out {

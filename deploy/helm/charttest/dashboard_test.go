@@ -207,6 +207,7 @@ func TestDashboardQueries(t *testing.T) {
 		"cdcrelay_role", "cdcrelay_monitor_holder", "cdcrelay_monitor_last_success_timestamp_seconds",
 		"process_resident_memory_bytes", "process_cpu_seconds_total",
 		"up", "process_start_time_seconds", "cdcrelay_max_in_flight_events", "cdcrelay_max_in_flight_bytes",
+		"cdcrelay_backfill_rows", "cdcrelay_backfill_rows_done", "cdcrelay_backfill_running",
 	} {
 		if !used[m] {
 			t.Errorf("no dashboard query uses %s", m)
@@ -567,6 +568,13 @@ func TestDashboardOperatorPanels(t *testing.T) {
 	beside := slices.ContainsFunc(events, func(p panel) bool { return len(panelsUsingIn(t, p, "cdcrelay_confirms_in_flight")) > 0 })
 	if !both || !beside {
 		t.Errorf("limit panels: events %v, bytes %v: want one panel with both limits, and the events limit beside confirms in flight", titles(events), titles(bytes))
+	}
+	// A backfill's ETA: what is left over the rate rows are confirmed at.
+	eta := panelsUsing(t, d, "cdcrelay_backfill_rows_done")
+	if len(eta) != 1 || !slices.ContainsFunc(eta[0].Targets, func(q target) bool {
+		return strings.Contains(q.Expr, "max by (service, slot) (cdcrelay_backfill_rows{") && strings.Contains(q.Expr, "/ (max by (service, slot) (deriv(cdcrelay_backfill_rows_done{")
+	}) {
+		t.Errorf("panels on cdcrelay_backfill_rows_done %v: want one with the time left", titles(eta))
 	}
 }
 
