@@ -61,16 +61,18 @@ type bench struct {
 	// (the standby part samples replay lag with it).
 	pacedWatch func(context.Context)
 	ins        *inserter
-	cons       *consumer
-	relay      *relayProc   // the running relay, if any
-	relays     []*relayProc // every relay started, for their logs
-	background float64      // machine busy cores measured by the last prepare
-	body       []byte       // an outbox payload as published, for the reference publisher
-	trace      string
-	relayVars  map[string]string
-	runID      uint32
-	res        *results
-	cleanups   []func(context.Context) error
+	// markedBelow: every row enqueued before it is marked (waitMarked).
+	markedBelow time.Time
+	cons        *consumer
+	relay       *relayProc   // the running relay, if any
+	relays      []*relayProc // every relay started, for their logs
+	background  float64      // machine busy cores measured by the last prepare
+	body        []byte       // an outbox payload as published, for the reference publisher
+	trace       string
+	relayVars   map[string]string
+	runID       uint32
+	res         *results
+	cleanups    []func(context.Context) error
 }
 
 // runBench sets up, runs every phase and tears down.

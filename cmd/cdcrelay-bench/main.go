@@ -53,6 +53,7 @@ type options struct {
 	standby        bool          // run the standby part (standby.go)
 	standbyPGBin   string        // its PostgreSQL 16+ binaries; "" picks them (standbybin.go)
 	standbyOnly    bool          // run the standby part alone
+	standbyLayout  standbyLayout // the outbox's layout in the standby part's relay phases (standbylayout.go)
 	phases         []latencyPhase
 }
 
@@ -77,6 +78,7 @@ func run() int {
 	flag.BoolVar(&opts.standby, "standby", true, "also measure the relay streaming from a physical standby (PostgreSQL 16+, own clusters)")
 	flag.BoolVar(&opts.standbyOnly, "standby-only", false, "run the standby part alone (its sizes from -backlog, -drainer-backlog, -latency, -quick)")
 	flag.StringVar(&opts.standbyPGBin, "standby-pg-bin", "", "PostgreSQL 16+ server binaries for the standby part (default: the usual ones if 16+, else 17 from .ci/install-postgres)")
+	layout := flag.String("standby-layout", string(layoutDefault), "the outbox's layout in the standby part's relay phases: default (migrations/*.sql) or hot (then also migrations/optional/hot_marks.sql, after the polling drainer's phases, which stay on the default layout)")
 	flag.BoolVar(&opts.verbose, "v", false, "print each latency phase second by second")
 	flag.BoolVar(&opts.strict, "strict", false, "exit with status 3 when a target is missed")
 	flag.Parse()
@@ -109,6 +111,10 @@ func run() int {
 		return 2
 	}
 	var err error
+	if opts.standbyLayout, err = standbyLayoutOption(*layout, opts); err != nil {
+		fmt.Fprintln(os.Stderr, "cdcrelay-bench: -standby-layout:", err)
+		return 2
+	}
 	if opts.phases, err = parsePhases(*phases); err != nil {
 		fmt.Fprintln(os.Stderr, "cdcrelay-bench: -phases:", err)
 		return 2

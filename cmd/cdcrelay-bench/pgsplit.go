@@ -56,7 +56,7 @@ type pgBackend struct {
 // Statement fragments that tell the relay's connections apart: they all
 // carry application_name cdcrelay (internal/pgconnect), so the janitor
 // and the monitor are known by what they run (internal/janitor/write.go,
-// internal/monitor/query.go and monitor.go).
+// internal/monitor/query.go, floor.go and monitor.go).
 var (
 	// After each flush the janitor reads its marks' WAL position and the
 	// standbys it must wait for, and asks which unseen rows' transactions
@@ -67,7 +67,12 @@ var (
 	janitorSQL = []string{"SET published_at = now()", "SET attempts = attempts + 1", "format_type(a.atttypid",
 		"'synchronized_standby_slots'", "s.restart_lsn < $1::pg_lsn", "pg_visible_in_snapshot",
 		"coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn", "[]) AND published_at IS NULL"}
-	monitorSQL = []string{"AS unpublished", "bool_or(attname = 'enqueued_at')", "idle_session_timeout", "THEN pg_last_wal_replay_lsn() ELSE"}
+	// Each refresh ends by listing the other relays' slots (otherRelaysSQL,
+	// most often the connection's last statement); on the HOT layout the
+	// monitor also reads the open transactions before each bounded
+	// backlog scan (floor.go's readingSQL).
+	monitorSQL = []string{"AS unpublished", "bool_or(attname = 'enqueued_at')", "idle_session_timeout", "THEN pg_last_wal_replay_lsn() ELSE",
+		"current_setting('application_name')", "l.locktype = 'virtualxid'"}
 	// retention's (internal/retention): the table's inspection, its size,
 	// the DELETE batches; told apart in pg_stat_statements, not here.
 	retentionSQL = []string{"DELETE FROM", "pg_partition_tree", "indpred"}

@@ -74,6 +74,17 @@ type standbyResult struct {
 	originOff    rateResult
 	originOffLat latencyResult
 	origins      []string
+	// layout is the outbox's during the relay's phases (-standby-layout;
+	// the drainer's always run on the default one), indexes and
+	// reloptions what the primary showed before them (standbylayout.go).
+	layout     standbyLayout
+	indexes    []string
+	reloptions string
+	// upd is what pg_stat_user_tables counted of the outbox's updates on
+	// the primary in each window, HOT ones apart.
+	upd struct {
+		drainer, drainerLat, primaryDrain, primaryLat, standbyDrain, standbyLat, originOn, originOff, originOffLat updateCounts
+	}
 }
 
 // standbyPart runs the part unless -standby=false. Only an interrupt
@@ -81,6 +92,7 @@ type standbyResult struct {
 // recorded in notRun, which the report shows.
 func (b *bench) standbyPart(ctx context.Context) error {
 	r := &b.res.standby
+	r.layout = b.opts.standbyLayout
 	if !b.opts.standby {
 		r.notRun = "skipped (-standby=false)"
 		return nil
@@ -124,21 +136,40 @@ func (b *bench) runStandby(ctx context.Context, r *standbyResult) error {
 }
 
 // standbyPhases: the drainer's references first (a drain, and the paced
-// phase), while no slot holds back its rows; then the relay with its slot
-// on the primary, then on the standby, each a drain and the paced phase;
-// then, if the relay has it, CDCRELAY_MARK_ORIGIN's comparison
-// (originPhases).
+// phase), while no slot holds back its rows, on the default layout; then
+// the outbox goes on -standby-layout's (applyLayout); then the relay with
+// its slot on the primary, then on the standby, each a drain and the
+// paced phase; then, if the relay has it, CDCRELAY_MARK_ORIGIN's
+// comparison (originPhases). Each window counts the outbox's updates
+// (countUpdates).
 func (b *bench) standbyPhases(ctx context.Context, r *standbyResult) error {
-	var err error
 	r.postgres = b.res.machine.postgres
-	say("standby part: polling drainer on the PostgreSQL %s primary, the reference", r.postgres)
-	if r.drainer, err = b.drainerDrain(ctx, nil); err != nil {
+	say("standby part: polling drainer on the PostgreSQL %s primary (default layout), the reference", r.postgres)
+	err := b.countUpdates(ctx, &r.upd.drainer, func() (int, error) {
+		var err error
+		r.drainer, err = b.drainerDrain(ctx, nil)
+		return r.drainer.events, err
+	})
+	if err != nil {
 		return fmt.Errorf("polling drainer: %w", err)
 	}
-	if r.drainerLat, err = b.drainerPaced(ctx, standbyPhase); err != nil {
+	err = b.countUpdates(ctx, &r.upd.drainerLat, func() (int, error) {
+		var err error
+		r.drainerLat, err = b.drainerPaced(ctx, standbyPhase)
+		return r.drainerLat.events, err
+	})
+	if err != nil {
 		return fmt.Errorf("polling drainer at %s ev/s: %w", toolkit.Thousands(standbyPhase.rate), err)
 	}
-	if err := b.slotRun(ctx, "the primary", b.relayVars, &r.primaryDrain, &r.primaryLat, &r.primaryReplay); err != nil {
+	// The drainer marked every row it published: this only sets the bound
+	// below which the relay phases' waits need not count (waitMarked).
+	if err := b.waitMarked(ctx); err != nil {
+		return fmt.Errorf("polling drainer: %w", err)
+	}
+	if err := b.applyLayout(ctx, r); err != nil {
+		return err
+	}
+	if err := b.slotRun(ctx, "the primary", b.relayVars, &r.primaryDrain, &r.primaryLat, &r.primaryReplay, &r.upd.primaryDrain, &r.upd.primaryLat); err != nil {
 		return err
 	}
 	if err := b.stopRelay(ctx, b.relay); err != nil {
@@ -150,7 +181,7 @@ func (b *bench) standbyPhases(ctx context.Context, r *standbyResult) error {
 	b.slotDB = b.standby.db
 	vars := maps.Clone(b.relayVars)
 	vars["REPLICATION_URL"] = b.standby.relayURL
-	if err := b.slotRun(ctx, "the standby", vars, &r.standbyDrain, &r.standbyLat, &r.standbyReplay); err != nil {
+	if err := b.slotRun(ctx, "the standby", vars, &r.standbyDrain, &r.standbyLat, &r.standbyReplay, &r.upd.standbyDrain, &r.upd.standbyLat); err != nil {
 		return err
 	}
 	if r.origins, err = b.relayOrigins(ctx); err != nil {
@@ -163,9 +194,11 @@ func (b *bench) standbyPhases(ctx context.Context, r *standbyResult) error {
 }
 
 // slotRun has the relay create its slot on where, drain a backlog from a
-// stopped start and stream the paced phase (sampling replay lag); the
-// relay keeps running.
-func (b *bench) slotRun(ctx context.Context, where string, vars map[string]string, drain *rateResult, lat *latencyResult, replay *summary) error {
+// stopped start and stream the paced phase (sampling replay lag), counting
+// the outbox's updates in each (drainUpd, latUpd); the relay keeps
+// running.
+func (b *bench) slotRun(ctx context.Context, where string, vars map[string]string, drain *rateResult, lat *latencyResult, replay *summary,
+	drainUpd, latUpd *updateCounts) error {
 	say("standby part, slot on %s: the relay creates it, then stops", where)
 	rp, err := b.startRelay(ctx, vars)
 	if err != nil {
@@ -180,11 +213,18 @@ func (b *bench) slotRun(ctx context.Context, where string, vars map[string]strin
 	if err != nil {
 		return err
 	}
-	if _, _, err = b.timeDrain(ctx, "drain, slot on "+where, vars, want, drain); err != nil {
+	err = b.countUpdates(ctx, drainUpd, func() (int, error) {
+		_, _, err := b.timeDrain(ctx, "drain, slot on "+where, vars, want, drain)
+		return len(want), err
+	})
+	if err != nil {
 		return fmt.Errorf("drain, slot on %s: %w", where, err)
 	}
 	say("  %s ev/s (first delivery %s after start)", toolkit.Thousands(int(drain.rate())), toolkit.Ms(drain.firstAfter))
-	return b.pacedRun(ctx, "slot on "+where, lat, replay)
+	return b.countUpdates(ctx, latUpd, func() (int, error) {
+		err := b.pacedRun(ctx, "slot on "+where, lat, replay)
+		return lat.events, err
+	})
 }
 
 // pacedRun streams the part's paced phase with the running relay,
@@ -210,7 +250,9 @@ func (b *bench) pacedRun(ctx context.Context, what string, lat *latencyResult, r
 // not do: a starting walsender decodes again from the slot's restart
 // point, WAL of earlier phases that differs from one start to the next.
 func (b *bench) originPhases(ctx context.Context, r *standbyResult, vars map[string]string) error {
-	if err := b.streamedDrain(ctx, "MARK_ORIGIN default", &r.originOn); err != nil {
+	if err := b.countUpdates(ctx, &r.upd.originOn, func() (int, error) {
+		return b.opts.backlog, b.streamedDrain(ctx, "MARK_ORIGIN default", &r.originOn)
+	}); err != nil {
 		return err
 	}
 	if err := b.stopRelay(ctx, b.relay); err != nil {
@@ -225,11 +267,16 @@ func (b *bench) originPhases(ctx context.Context, r *standbyResult, vars map[str
 	}
 	b.defer_("stop relay", func(ctx context.Context) error { return rp.stop(ctx) })
 	b.relay = rp
-	if err := b.streamedDrain(ctx, "MARK_ORIGIN=off", &r.originOff); err != nil {
+	if err := b.countUpdates(ctx, &r.upd.originOff, func() (int, error) {
+		return b.opts.backlog, b.streamedDrain(ctx, "MARK_ORIGIN=off", &r.originOff)
+	}); err != nil {
 		return err
 	}
 	var lags summary
-	if err := b.pacedRun(ctx, "slot on the standby, MARK_ORIGIN=off", &r.originOffLat, &lags); err != nil {
+	if err := b.countUpdates(ctx, &r.upd.originOffLat, func() (int, error) {
+		err := b.pacedRun(ctx, "slot on the standby, MARK_ORIGIN=off", &r.originOffLat, &lags)
+		return r.originOffLat.events, err
+	}); err != nil {
 		return err
 	}
 	return b.stopRelay(ctx, rp)

@@ -48,25 +48,27 @@ func (s *standbyResult) pacedReference() (time.Duration, string) {
 func onPrimary(u usage, events int) time.Duration { return perEvent(u.pgSplit.relaysBehalf(), events) }
 func onStandby(u usage, events int) time.Duration { return perEvent(u.sbSplit.relaysBehalf(), events) }
 
-// targetRows are the part's rows of the cost-target table. A part that
-// did not run says so in every row rather than leaving them out.
+// targetRows are the part's rows of the cost-target table, each naming
+// the layout the relay's phases ran on. A part that did not run says so
+// in every row rather than leaving them out.
 func (s *standbyResult) targetRows() [][]string {
 	limit := fmt.Sprintf("≤ %.2f", pgBehalfTarget)
+	name := standbyTarget + s.layout.label() + ", "
 	if s.notRun != "" {
 		return [][]string{
-			{standbyTarget + "draining", "NOT RUN", firstLine(s.notRun), "", limit, "not run"},
-			{standbyTarget + "1,000 ev/s", "NOT RUN", "(the standby part did not run)", "", limit, "not run"},
+			{name + "draining", "NOT RUN", firstLine(s.notRun), "", limit, "not run"},
+			{name + "1,000 ev/s", "NOT RUN", "(the standby part did not run)", "", limit, "not run"},
 		}
 	}
 	row := func(what string, u usage, events int, drainer time.Duration, ref string) []string {
 		v := onPrimary(u, events)
-		return []string{standbyTarget + what, us(v), us(drainer) + " " + ref, ratio(float64(v), float64(drainer)), limit, atMost(float64(v), pgBehalfTarget*float64(drainer))}
+		return []string{name + what, us(v), us(drainer) + " " + ref, ratio(float64(v), float64(drainer)), limit, atMost(float64(v), pgBehalfTarget*float64(drainer))}
 	}
 	paced, pacedRef := s.pacedReference()
 	return [][]string{
 		row("draining", s.standbyDrain.use, s.standbyDrain.events, s.drainerCPU(), "polling drainer's drain, same primary"),
 		row("1,000 ev/s", s.standbyLat.use, s.standbyLat.events, paced, pacedRef),
-		{"p99 commit → consumer, 1,000 ev/s, slot on a standby", toolkit.Ms(s.standbyLat.p99), toolkit.Ms(s.primaryLat.p99) + " slot on the primary",
+		{"p99 commit → consumer, 1,000 ev/s, slot on a standby, " + s.layout.label(), toolkit.Ms(s.standbyLat.p99), toolkit.Ms(s.primaryLat.p99) + " slot on the primary",
 			ratio(s.standbyLat.p99.Seconds(), s.primaryLat.p99.Seconds()), "observation", ""},
 	}
 }
@@ -74,7 +76,7 @@ func (s *standbyResult) targetRows() [][]string {
 // notes is the part's section of the report.
 func (s *standbyResult) notes() string {
 	var b strings.Builder
-	b.WriteString("streaming from a standby (CDCRELAY_REPLICATION_URL): ")
+	fmt.Fprintf(&b, "streaming from a standby (CDCRELAY_REPLICATION_URL), the relay's phases on the %s: ", s.layout.label())
 	if s.notRun != "" {
 		fmt.Fprintf(&b, "NOT RUN\n\n"+
 			"    !!! THE STANDBY PART DID NOT RUN: %s\n"+
@@ -95,6 +97,7 @@ func (s *standbyResult) notes() string {
 	b.WriteString("\nthe standby's CPU by process, µs per event (janitor = its polling for the marks, internal/janitor/replica.go; monitor =\n" +
 		"the slot's gauges; replay = startup and walreceiver):\n\n")
 	b.WriteString(splitTable(wins, standbyClasses, func(u usage) (pgSplit, time.Duration) { return u.sbSplit, u.sbPG }))
+	b.WriteString("\n" + s.hotNotes())
 	b.WriteString("\n" + s.originNotes())
 	return b.String()
 }
@@ -135,23 +138,24 @@ type splitWindow struct {
 	name   string
 	u      usage
 	events int
+	upd    updateCounts // the outbox's updates on the primary (standbylayout.go)
 }
 
 // windows are the part's windows, in the order they ran.
 func (s *standbyResult) windows() []splitWindow {
 	out := []splitWindow{
-		{"polling drainer drain", s.drainer.use, s.drainer.events},
-		{"polling drainer: 1,000 ev/s", s.drainerLat.use, s.drainerLat.events},
-		{"slot on the primary: drain", s.primaryDrain.use, s.primaryDrain.events},
-		{"slot on the primary: 1,000 ev/s", s.primaryLat.use, s.primaryLat.events},
-		{"slot on the standby: drain", s.standbyDrain.use, s.standbyDrain.events},
-		{"slot on the standby: 1,000 ev/s", s.standbyLat.use, s.standbyLat.events},
+		{"polling drainer drain", s.drainer.use, s.drainer.events, s.upd.drainer},
+		{"polling drainer: 1,000 ev/s", s.drainerLat.use, s.drainerLat.events, s.upd.drainerLat},
+		{"slot on the primary: drain", s.primaryDrain.use, s.primaryDrain.events, s.upd.primaryDrain},
+		{"slot on the primary: 1,000 ev/s", s.primaryLat.use, s.primaryLat.events, s.upd.primaryLat},
+		{"slot on the standby: drain", s.standbyDrain.use, s.standbyDrain.events, s.upd.standbyDrain},
+		{"slot on the standby: 1,000 ev/s", s.standbyLat.use, s.standbyLat.events, s.upd.standbyLat},
 	}
 	if s.hasOrigin {
 		out = append(out,
-			splitWindow{"slot on the standby: streamed backlog, MARK_ORIGIN auto", s.originOn.use, s.originOn.events},
-			splitWindow{"slot on the standby: streamed backlog, MARK_ORIGIN=off", s.originOff.use, s.originOff.events},
-			splitWindow{"slot on the standby: 1,000 ev/s, MARK_ORIGIN=off", s.originOffLat.use, s.originOffLat.events})
+			splitWindow{"slot on the standby: streamed backlog, MARK_ORIGIN auto", s.originOn.use, s.originOn.events, s.upd.originOn},
+			splitWindow{"slot on the standby: streamed backlog, MARK_ORIGIN=off", s.originOff.use, s.originOff.events, s.upd.originOff},
+			splitWindow{"slot on the standby: 1,000 ev/s, MARK_ORIGIN=off", s.originOffLat.use, s.originOffLat.events, s.upd.originOffLat})
 	}
 	return out
 }
