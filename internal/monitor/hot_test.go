@@ -252,23 +252,7 @@ func TestIntegrationHOTLayoutBacklog(t *testing.T) {
 
 	// The bounded statement reads the outbox along its indexes only.
 	exec(t, db, `ANALYZE event_outbox`)
-	var plan []map[string]any
-	if err := db.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+m.plan.bounded, "s1", *m.floor.at).Scan(&plan); err != nil {
-		t.Fatal(err)
-	}
-	var scans []string
-	var walk func(n map[string]any)
-	walk = func(n map[string]any) {
-		if rel, _ := n["Relation Name"].(string); rel == "event_outbox" {
-			idx, _ := n["Index Name"].(string)
-			scans = append(scans, n["Node Type"].(string)+" "+idx)
-		}
-		kids, _ := n["Plans"].([]any)
-		for _, k := range kids {
-			walk(k.(map[string]any))
-		}
-	}
-	walk(plan[0]["Plan"].(map[string]any))
+	scans := outboxScans(t, db, `EXPLAIN (FORMAT JSON) `+m.plan.bounded, "s1", *m.floor.at)
 	b, _ := json.Marshal(scans)
 	t.Logf("event_outbox read by %s", b)
 	if len(scans) != 2 {
