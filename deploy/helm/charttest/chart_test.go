@@ -883,6 +883,13 @@ func TestNotesQuotedAndOwnImage(t *testing.T) {
 	if strings.Contains(notes, "WARNING") {
 		t.Errorf("notes warn about an image that is set:\n%s", notes)
 	}
+	// The table's schema is not public: the role needs USAGE on it, as a GRANT.
+	if want := `GRANT USAGE ON SCHEMA "Billing" TO cdcrelay;`; !strings.Contains(notes, want) {
+		t.Errorf("notes lack %q:\n%s", want, notes)
+	}
+	if plain := renderNotes(t, []string{"multi.yaml"}); strings.Contains(plain, "USAGE ON SCHEMA") {
+		t.Errorf("notes grant USAGE on a schema for tables in public:\n%s", plain)
+	}
 }
 
 // TestNotesDeadLetter: a dead-letter exchange is printed with the queue and the
