@@ -123,8 +123,11 @@ func (p *Publisher) unroutable(ctx context.Context, l *lane, f inflight, r amqp.
 
 // parkLate parks an event the broker refused after it was published: the
 // poison policy applies as it does to an event that could not be built.
-// The dead-letter copy is sent and awaited here, at the event's turn;
-// its fate is only counted.
+// The dead-letter copy is sent and awaited here, at the event's turn, and
+// the row is parked only once the copy's fate is known: a copy lost with
+// its channel (a later message closed it) ends the session before the
+// park, so the next session handles the event, and sends its copy, again.
+// A copy the broker returns or nacks is only counted.
 func (p *Publisher) parkLate(ctx context.Context, l *lane, f inflight, reason string) error {
 	p.Metrics.poison.Inc()
 	if p.Poison == Stop {
@@ -141,13 +144,15 @@ func (p *Publisher) parkLate(ctx context.Context, l *lane, f inflight, reason st
 	if err != nil {
 		return err
 	}
-	p.acks.Parked(f.ref(), reason)
-	if dc == nil {
-		return nil
+	if dc != nil {
+		p.Metrics.inFlight.Inc()
+		if err := p.await(ctx, l, inflight{dc: dc, seq: f.seq, id: f.id, at: f.at, xid: f.xid, copyOf: true,
+			exchange: p.DeadLetterExchange, key: key, alone: f.alone, sent: f.sent}); err != nil {
+			return err
+		}
 	}
-	p.Metrics.inFlight.Inc()
-	return p.await(ctx, l, inflight{dc: dc, seq: f.seq, id: f.id, at: f.at, xid: f.xid, copyOf: true,
-		exchange: p.DeadLetterExchange, key: key, alone: f.alone, sent: f.sent})
+	p.acks.Parked(f.ref(), reason)
+	return nil
 }
 
 // closedWhile is the error of a lane whose channel closed while f was in

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -353,4 +354,41 @@ func TestIntegrationDeadLetterCopyNeverStalls(t *testing.T) {
 	if n := gauge(t, r.reg, "cdcrelay_pipeline_restarts_total"); n != 0 {
 		t.Fatalf("%v pipeline restarts for a dead-letter copy nobody routes", n)
 	}
+}
+
+// TestIntegrationUnroutableParkCopyNotLost: a returned row and, right
+// behind it in the same transaction, a row naming an exchange that does not
+// exist. The second publish closes the channel before the first row's
+// dead-letter copy, sent when its return arrives, is confirmed: that copy
+// is lost with the channel. The first row is parked only once its copy's
+// fate is known, so the next session handles it again and sends the copy
+// again: both rows end parked and both copies arrive.
+func TestIntegrationUnroutableParkCopyNotLost(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "ok.#")
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, `ALTER TABLE event_outbox ADD COLUMN exchange text`); err != nil {
+		t.Fatal(err)
+	}
+	dlx := testenv.UniqueName("cdcrelay.dlx")
+	dead := testenv.MustConsumer(t, e.amqpURL, dlx, testenv.UniqueName("cdcrelay.dlq"), "#")
+	t.Cleanup(func() { _ = testenv.DeleteExchange(context.Background(), e.amqpURL, dlx) })
+	e.startRelay(map[string]string{"UNROUTABLE": "park", "DEAD_LETTER_EXCHANGE": dlx}).waitStreaming(t)
+	var unrouted, missingExchange string
+	err := pgx.BeginFunc(ctx, e.db, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `INSERT INTO event_outbox (routing_key, payload) VALUES ('nowhere', '{"n":1}') RETURNING id::text`).Scan(&unrouted); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `INSERT INTO event_outbox (routing_key, payload, exchange) VALUES ('ok.x', '{"n":2}', 'no.such.exchange') RETURNING id::text`).Scan(&missingExchange)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, last := insertTxns(t, e.db, "ok.after", 1, 1)
+	waitAll(t, e.consumer, after, 60*time.Second)
+	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	checkParked(t, e, map[string]string{
+		unrouted:        `unroutable: the broker returned it from exchange "` + e.exchange + `" with routing key "nowhere"`,
+		missingExchange: `unroutable: the row's exchange "no.such.exchange" does not exist`,
+	})
+	testenv.WaitCount(t, dead, 2, 30*time.Second)
 }
