@@ -262,14 +262,13 @@ func stalledLabels(t *testing.T, reg *prometheus.Registry) map[string]string {
 	return labels
 }
 
-// TestIntegrationUnroutablePark: with CDCRELAY_UNROUTABLE=park a returned
-// row and a row naming an exchange that does not exist are parked as
-// poison (last_error says why, the dead-letter exchange gets a copy), and
-// the rows after them are delivered.
-func TestIntegrationUnroutablePark(t *testing.T) {
+// parkingUnroutable starts a relay with CDCRELAY_UNROUTABLE=park and a
+// dead-letter exchange, over an outbox with an exchange column, and a
+// consumer of that exchange's copies.
+func parkingUnroutable(t *testing.T) (*env, *running, *testenv.Consumer) {
+	t.Helper()
 	e := newEnv(t, testenv.PostgresOptions{}, "ok.#")
-	ctx := context.Background()
-	if _, err := e.db.Exec(ctx, `ALTER TABLE event_outbox ADD COLUMN exchange text`); err != nil {
+	if _, err := e.db.Exec(context.Background(), `ALTER TABLE event_outbox ADD COLUMN exchange text`); err != nil {
 		t.Fatal(err)
 	}
 	dlx := testenv.UniqueName("cdcrelay.dlx")
@@ -277,6 +276,16 @@ func TestIntegrationUnroutablePark(t *testing.T) {
 	t.Cleanup(func() { _ = testenv.DeleteExchange(context.Background(), e.amqpURL, dlx) })
 	r := e.startRelay(map[string]string{"UNROUTABLE": "park", "DEAD_LETTER_EXCHANGE": dlx})
 	r.waitStreaming(t)
+	return e, r, dead
+}
+
+// TestIntegrationUnroutablePark: with CDCRELAY_UNROUTABLE=park a returned
+// row and a row naming an exchange that does not exist are parked as
+// poison (last_error says why, the dead-letter exchange gets a copy), and
+// the rows after them are delivered.
+func TestIntegrationUnroutablePark(t *testing.T) {
+	e, r, dead := parkingUnroutable(t)
+	ctx := context.Background()
 
 	before, _ := insertTxns(t, e.db, "ok.before", ones(5)...)
 	unrouted, _ := insertTxns(t, e.db, "nowhere", 1)
@@ -364,15 +373,8 @@ func TestIntegrationDeadLetterCopyNeverStalls(t *testing.T) {
 // fate is known, so the next session handles it again and sends the copy
 // again: both rows end parked and both copies arrive.
 func TestIntegrationUnroutableParkCopyNotLost(t *testing.T) {
-	e := newEnv(t, testenv.PostgresOptions{}, "ok.#")
+	e, _, dead := parkingUnroutable(t)
 	ctx := context.Background()
-	if _, err := e.db.Exec(ctx, `ALTER TABLE event_outbox ADD COLUMN exchange text`); err != nil {
-		t.Fatal(err)
-	}
-	dlx := testenv.UniqueName("cdcrelay.dlx")
-	dead := testenv.MustConsumer(t, e.amqpURL, dlx, testenv.UniqueName("cdcrelay.dlq"), "#")
-	t.Cleanup(func() { _ = testenv.DeleteExchange(context.Background(), e.amqpURL, dlx) })
-	e.startRelay(map[string]string{"UNROUTABLE": "park", "DEAD_LETTER_EXCHANGE": dlx}).waitStreaming(t)
 	var unrouted, missingExchange string
 	err := pgx.BeginFunc(ctx, e.db, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `INSERT INTO event_outbox (routing_key, payload) VALUES ('nowhere', '{"n":1}') RETURNING id::text`).Scan(&unrouted); err != nil {
