@@ -74,7 +74,7 @@ type Config struct {
 	BackoffMax       time.Duration `env:"BACKOFF_MAX, default=30s"`
 	AMQPHeartbeat    time.Duration `env:"AMQP_HEARTBEAT, default=10s"`
 
-	MarkInterval      time.Duration `env:"MARK_INTERVAL, default=100ms"`
+	MarkInterval      time.Duration `env:"MARK_INTERVAL, default=500ms"`
 	MarkBatch         int           `env:"MARK_BATCH, default=1000"`
 	Retention         Duration      `env:"RETENTION, default=7d"`
 	RetentionInterval Duration      `env:"RETENTION_INTERVAL, default=1h"`
