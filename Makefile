@@ -50,11 +50,13 @@ test: test-go fuzz chart-test test-alerts
 test-unit:
 	$(GO) test -race -count=1 -shuffle=on -skip '^TestIntegration' ./...
 
+# -parallel 4: the parallel tests (internal/relay/main_test.go) mostly wait,
+# so four at a time on two cores overlap their waits.
 test-go:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -timeout 20m -parallel 4 ./...
 
 # The slow part of the fault matrix (docs/reliability.md): real broker
 # outages on a private RabbitMQ node, partitions, crashes, SIGKILL at exact

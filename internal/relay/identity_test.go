@@ -172,6 +172,7 @@ func identityRefused(t *testing.T, e *env, extra map[string]string, want string)
 // The next session start refuses to stream under the old name and says
 // which name to configure; configured with the new name, it streams again.
 func TestIntegrationOutboxRenamedOrMovedMidStream(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	for _, tc := range []struct {
 		name, ddl, newTable, newQuoted string
 	}{

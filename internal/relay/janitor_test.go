@@ -270,6 +270,7 @@ func setSynchronousStandby(t *testing.T, e *env, names string) {
 // every row ends marked once the commits return. The old janitor counted
 // them gone after 10 s, and the slot passed rows never marked.
 func TestIntegrationSyncStandbyStalledRowsNeverGone(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
 	r.waitStreaming(t)

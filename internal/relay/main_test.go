@@ -5,13 +5,12 @@ import "testing"
 // TestMain removes the relay binary the process tests built, if any.
 func TestMain(m *testing.M) { builds.Main(m) }
 
-// Parallel tests: the few tests that run longest and spend most of that
+// Parallel tests: the tests that run longest and spend most of that
 // waiting (an idle window, SIGKILLs and takeovers, child processes, a
-// blocked broker) call t.Parallel, so that `make test` overlaps their waits
-// instead of adding them up: TestIntegrationStandbyZeroPolling,
-// TestIntegrationTakeoverAfterKill, TestIntegrationMarksSurviveSIGKILL,
-// TestIntegrationNoQueryPasswordInOutput and
-// TestIntegrationStopWhileBrokerBlocksAFullSocket. Each has its own
-// PostgreSQL cluster, exchange, queues and (where it needs one) private
-// broker node; their assertions are about their own cluster and processes,
-// with bounds that allow for a shared CPU. The other tests stay sequential.
+// blocked broker, a stopped or renamed database, backoff schedules) call
+// t.Parallel, so that `make test` (-parallel 4) overlaps their waits
+// instead of adding them up; each says so where it starts. Each has its
+// own PostgreSQL cluster, exchange, queues and (where it needs one)
+// private broker node; their assertions are about their own cluster and
+// processes, with bounds that allow for a shared CPU. The tests that
+// measure memory or latency figures stay sequential, as do the short ones.

@@ -190,6 +190,7 @@ func TestIntegrationMarksPoisonWithoutParkGrant(t *testing.T) {
 // BACKOFF_MAX=1s here), not one per mark interval; afterwards every row is
 // marked.
 func TestIntegrationMarksPostgresStopped(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
 	ctx := context.Background()
 	marksExec(t, e, marksRevokeSQL)

@@ -18,6 +18,7 @@ import (
 // record starts exactly at the consistent point tied with a snapshot row
 // (3 ties in 12 adoptions under about 300 tx/s).
 func TestIntegrationAdoptionPairsUnderLoad(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	stop := make(chan struct{})
 	// Two producers of one-row transactions, as fast as they go: a commit

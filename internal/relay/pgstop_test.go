@@ -86,6 +86,7 @@ func pgstopFastWithin(t *testing.T, e *env, why string) time.Duration {
 // the relay ends its session, so the walsender can exit. After the restart
 // every row is delivered and marked, and the slot passes them.
 func TestIntegrationPgstopFastStopWithUnmarkedRows(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "5s", "MARK_BATCH": "100000"})
 	// A first batch marked: the janitor's connection is open at the stop
 	// and is terminated (57P01) rather than refused later (57P03).
@@ -139,6 +140,7 @@ func TestIntegrationPgstopRevokeKeepsSession(t *testing.T) {
 // completes. After the restart the rows stay unmarked and the slot before
 // them until the GRANT; then every row ends marked.
 func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
 	warm := insertMarked(t, e, 5, 10*time.Second)
 	marksExec(t, e, marksRevokeSQL)

@@ -164,6 +164,7 @@ func TestIntegrationIdleSlotAdvances(t *testing.T) {
 // in a TCP proxy: the messages reach the queue, but the slot must not move
 // past their transaction until the confirms reach the relay.
 func TestIntegrationWatermarkWaitsForConfirms(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	proxy := testenv.MustProxy(t, "127.0.0.1:5672")
 	amqpViaProxy := "amqp://guest:guest@" + proxy.Addr() + "/"

@@ -159,6 +159,7 @@ func TestIntegrationAMQPTLS(t *testing.T) {
 // broker refusing the password) and a working one, in text and JSON logs,
 // and searches everything they printed, and /metrics, for the passwords.
 func TestIntegrationNoSecretInOutput(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	const dbSecret, mqSecret = "Db-S3cret-pw-91", "Mq-S3cret-pw-72"
 	closed := freeAddr(t)

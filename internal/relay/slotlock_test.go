@@ -406,6 +406,7 @@ func TestIntegrationLostSlotDroppedOnlyUnderLock(t *testing.T) {
 // the wait, and after COMMIT PREPARED the relay streams (the prepared row
 // included, from the snapshot).
 func TestIntegrationSlotCreationBlockedByPreparedTransaction(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{Settings: map[string]string{"max_prepared_transactions": "5"}}, "#")
 	ctx := context.Background()
 	blocker := e.connect()
@@ -487,6 +488,7 @@ func TestIntegrationSlotCreationBlockedByPreparedTransaction(t *testing.T) {
 // timeouts set on the relay's role (common production defaults) end
 // neither the standby's wait nor the owner's hold of the slot lock.
 func TestIntegrationLockIgnoresRoleTimeouts(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	if _, err := e.db.Exec(context.Background(), `ALTER ROLE cdcrelay_app SET statement_timeout = '1s'; ALTER ROLE cdcrelay_app SET lock_timeout = '1s'; ALTER ROLE cdcrelay_app SET idle_session_timeout = '2s'`); err != nil {
 		t.Fatal(err)
@@ -538,6 +540,7 @@ func TestIntegrationLockIgnoresRoleTimeouts(t *testing.T) {
 // first, as for a dead holder's walsender, then every
 // CDCRELAY_STANDBY_RETRY as a standby. Once it lets go, the relay streams.
 func TestIntegrationSlotStreamedOutsideLock(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e, r := streamingRelay(t, nil)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
