@@ -15,11 +15,12 @@ import (
 )
 
 // Status is Role, followed by what the relay waits for when it knows, e.g.
-// "starting: creating replication slot … waits for …". /readyz shows it.
+// "starting: creating replication slot … waits for …". /readyz shows it;
+// Reason names it from a fixed set (status.go).
 func (r *Relay) Status() string {
 	s := r.Role().String()
-	if d := r.detail.Load(); d != nil && *d != "" {
-		s += ": " + *d
+	if d := r.detail.Load(); d != nil {
+		s += ": " + d.text
 	}
 	if r.Role() == RoleStreaming {
 		if d := r.degraded(); d != "" {
@@ -37,14 +38,10 @@ const degradedAfter = 20 * time.Second
 // degraded says why a streaming relay does not do its whole job, "" when
 // it does: its marks fail, or wait for a standby, so the slot cannot pass
 // the events they are for (invariant 10) and WAL piles up while the events
-// still flow. Readiness
-// stays: a restart would not help.
+// still flow. Readiness stays: a restart would not help.
 func (r *Relay) degraded() string {
-	if r.outcomes == nil {
-		return ""
-	}
-	since, err := r.outcomes.Failing()
-	if since.IsZero() || time.Since(since) < degradedAfter || err == nil {
+	since, err := r.marksTrouble()
+	if err == nil {
 		return ""
 	}
 	how := "failing"
@@ -54,8 +51,6 @@ func (r *Relay) degraded() string {
 	// Room for the grant the janitor's error names.
 	return fmt.Sprintf("degraded: marks %s for %s, so the slot cannot advance: %s", how, time.Since(since).Round(time.Second), r.statusLine(err.Error(), 2*retryDetailMax))
 }
-
-func (r *Relay) setDetail(d string) { r.detail.Store(&d) }
 
 // retryDetailMax bounds the error /readyz shows: enough for the cause
 // (a missing exchange, a refused grant), short enough for a probe's body
@@ -67,14 +62,14 @@ const retryDetailMax = 200
 // waits for (docs/runbook.md). Both URLs and their passwords are scrubbed
 // from it as from check's findings (config.Scrub), though the stages'
 // errors never quote them.
-func (r *Relay) retryDetail(err error) string {
-	prefix, msg, most := "retrying after: ", err.Error(), retryDetailMax
+func (r *Relay) retryDetail(err error) (Reason, string) {
+	reason, prefix, msg, most := ReasonRetrying, "retrying after: ", err.Error(), retryDetailMax
 	var op *OperatorError
 	if errors.As(err, &op) {
 		// The remedy is the point: room for it whole.
-		prefix, msg, most = "needs an operator: ", op.Problem+"; "+op.Remedy, 2*retryDetailMax
+		reason, prefix, msg, most = ReasonNeedsOperator, "needs an operator: ", op.Problem+"; "+op.Remedy, 2*retryDetailMax
 	}
-	return prefix + r.statusLine(msg, most)
+	return reason, prefix + r.statusLine(msg, most)
 }
 
 // statusLine makes msg fit a status: URLs' passwords scrubbed
@@ -175,7 +170,7 @@ func (r *Relay) watchCreate(ctx context.Context, db *pgx.Conn, repl *pgconn.PgCo
 	return func() {
 		close(quit)
 		<-done
-		r.setDetail("")
+		r.clearDetail()
 	}
 }
 
@@ -196,5 +191,5 @@ func (r *Relay) reportCreateWait(ctx context.Context, db *pgx.Conn, repl *pgconn
 		r.log.Warn("replication slot creation is waiting for open transactions to end (commit or roll back prepared transactions, end idle-in-transaction sessions)",
 			"waited", waited.Round(time.Second), "blockers", slot.Describe(blockers))
 	}
-	r.setDetail(what)
+	r.setDetail(ReasonCreatingSlot, what)
 }

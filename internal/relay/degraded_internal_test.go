@@ -32,7 +32,7 @@ func TestStatusDegraded(t *testing.T) {
 		strings.Contains(got, "s3cr3t") || strings.Contains(got, "\n") {
 		t.Fatalf("failing for 25s: %q", got)
 	}
-	r.setDetail("broker blocked publishers (resource alarm: memory); waiting, nothing is lost")
+	r.setDetail(ReasonBrokerBlocked, "broker blocked publishers (resource alarm: memory); waiting, nothing is lost")
 	if got := r.Status(); !strings.HasPrefix(got, "streaming: broker blocked publishers") || !strings.Contains(got, "nothing is lost: degraded: marks failing") {
 		t.Fatalf("with a detail: %q", got)
 	}
@@ -42,7 +42,7 @@ func TestStatusDegraded(t *testing.T) {
 	}
 	r.role.Store(int32(RoleStreaming))
 	m.failSince, m.failErr = time.Time{}, nil
-	r.setDetail("")
+	r.clearDetail()
 	if got := r.Status(); got != "streaming" {
 		t.Fatalf("after a success: %q", got)
 	}
@@ -50,5 +50,35 @@ func TestStatusDegraded(t *testing.T) {
 	m.failSince, m.failErr = time.Now().Add(-degradedAfter-time.Second), &janitor.WaitError{What: "the standby that holds the slot (CDCRELAY_REPLICATION_URL) has not replayed the marks up to 0/3000060 yet"}
 	if got := r.Status(); got != "streaming: degraded: marks waiting for 21s, so the slot cannot advance: the standby that holds the slot (CDCRELAY_REPLICATION_URL) has not replayed the marks up to 0/3000060 yet" {
 		t.Fatalf("waiting for the standby: %q", got)
+	}
+}
+
+// TestReason: cdcrelay_status's label follows the same state as Status,
+// one reason at a time, the marks first while streaming.
+func TestReason(t *testing.T) {
+	m := &marksFakeMarker{}
+	r := &Relay{cfg: config.Config{}, outcomes: m}
+	steps := []struct {
+		name string
+		set  func()
+		want Reason
+	}{
+		{"a new relay", func() {}, ReasonConnecting},
+		{"creating the slot", func() { r.setDetail(ReasonCreatingSlot, "creating replication slot s has waited 3s") }, ReasonCreatingSlot},
+		{"backing off", func() { r.setDetail(r.retryDetail(errors.New("connection refused"))) }, ReasonRetrying},
+		{"an operator's condition", func() { r.setDetail(r.retryDetail(&OperatorError{Problem: "p", Remedy: "q"})) }, ReasonNeedsOperator},
+		{"streaming", func() { r.role.Store(int32(RoleStreaming)); r.clearDetail() }, ReasonOK},
+		{"a blocked broker", func() { r.setDetail(ReasonBrokerBlocked, "broker blocked publishers") }, ReasonBrokerBlocked},
+		{"marks failing briefly", func() { m.failSince, m.failErr = time.Now(), errors.New("denied") }, ReasonBrokerBlocked},
+		{"marks failing", func() { m.failSince = time.Now().Add(-degradedAfter - time.Second) }, ReasonMarksFailing},
+		{"marks waiting", func() { m.failErr = &janitor.WaitError{What: "standby"} }, ReasonMarksWaiting},
+		{"a standby", func() { r.role.Store(int32(RoleStandby)); r.clearDetail() }, ReasonOK},
+		{"starting again", func() { r.role.Store(int32(RoleStarting)) }, ReasonConnecting},
+	}
+	for _, s := range steps {
+		s.set()
+		if got := r.Reason(); got != s.want {
+			t.Fatalf("%s: Reason %q, want %q (status %q)", s.name, got, s.want, r.Status())
+		}
 	}
 }

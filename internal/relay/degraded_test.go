@@ -33,6 +33,9 @@ func TestIntegrationMarksFailingDegraded(t *testing.T) {
 	if v := gauge(t, r.reg, "cdcrelay_marks_failing_seconds"); v < 20 {
 		t.Errorf("cdcrelay_marks_failing_seconds %v while degraded", v)
 	}
+	if got := statusReason(t, r.reg); got != "marks_failing" {
+		t.Errorf("cdcrelay_status says %q while degraded, want marks_failing", got)
+	}
 	if _, err := e.db.Exec(ctx, `GRANT UPDATE (published_at, attempts, last_error) ON event_outbox TO cdcrelay_app`); err != nil {
 		t.Fatal(err)
 	}
@@ -40,5 +43,8 @@ func TestIntegrationMarksFailingDegraded(t *testing.T) {
 	r.WaitFor(t, 10*time.Second, "the status to clear", func() bool { return r.relay.Status() == "streaming" })
 	if v := gauge(t, r.reg, "cdcrelay_marks_failing_seconds"); v != 0 {
 		t.Errorf("cdcrelay_marks_failing_seconds %v after the marks succeeded", v)
+	}
+	if got := statusReason(t, r.reg); got != "ok" {
+		t.Errorf("cdcrelay_status says %q after the marks succeeded, want ok", got)
 	}
 }

@@ -59,6 +59,7 @@ func labels(m *dto.Metric) string {
 // TestIntegrationMetricsUnderLoad scrapes the binary's /metrics while
 // events flow and checks that the counters move and the gauges make sense.
 func TestIntegrationMetricsUnderLoad(t *testing.T) {
+	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	addr := freeAddr(t)
 	e.startProcess(map[string]string{"HTTP_ADDR": addr, "MONITOR_INTERVAL": "200ms"})
@@ -98,6 +99,8 @@ func TestIntegrationMetricsUnderLoad(t *testing.T) {
 	checks := map[string]func(float64) bool{
 		`cdcrelay_role{role="streaming",slot="` + slotName + `"}`:             func(v float64) bool { return v == 1 },
 		`cdcrelay_role{role="standby",slot="` + slotName + `"}`:               func(v float64) bool { return v == 0 },
+		`cdcrelay_status{reason="ok",slot="` + slotName + `"}`:                func(v float64) bool { return v == 1 },
+		`cdcrelay_status{reason="retrying",slot="` + slotName + `"}`:          func(v float64) bool { return v == 0 },
 		`cdcrelay_slot_wal_status{slot="` + slotName + `",status="reserved"}`: func(v float64) bool { return v == 1 },
 		"cdcrelay_slot_retained_wal_bytes" + slot:                             func(v float64) bool { return v > 0 },
 		"cdcrelay_slot_safe_wal_size_bytes" + slot:                            func(v float64) bool { return v == -1 },

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
@@ -25,6 +27,9 @@ func waitNeedsOperator(t *testing.T, e *env, r *running, remedy string) {
 			strings.Count(r.logs.String(), "cannot stream until an operator acts") >= 2
 	})
 	t.Logf("status: %s", r.relay.Status())
+	if got := statusReason(t, r.reg); got != "needs_operator" {
+		t.Errorf("cdcrelay_status says %q, want needs_operator", got)
+	}
 	if strings.Contains(r.relay.Status(), relayRolePassword) || strings.Contains(r.relay.Status(), "…") {
 		t.Errorf("status %q: a password, or the remedy clipped", r.relay.Status())
 	}
@@ -43,6 +48,27 @@ func waitNeedsOperator(t *testing.T, e *env, r *running, remedy string) {
 	if slots != 0 {
 		t.Errorf("%d slots exist while the relay cannot adopt: it must create none", slots)
 	}
+}
+
+// statusReason is the reason cdcrelay_status sets to 1; it fails the
+// test unless exactly one is.
+func statusReason(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	var on []string
+	for _, m := range metricFamily(t, reg, "cdcrelay_status").GetMetric() {
+		if testenv.Value(m) != 1 {
+			continue
+		}
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "reason" {
+				on = append(on, l.GetValue())
+			}
+		}
+	}
+	if len(on) != 1 {
+		t.Fatalf("cdcrelay_status: %d reasons at 1 (%v), want one", len(on), on)
+	}
+	return on[0]
 }
 
 func TestIntegrationNeedsOperatorSelectGrant(t *testing.T) {

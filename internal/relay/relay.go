@@ -94,7 +94,7 @@ type Relay struct {
 	inFlight atomic.Pointer[meteredBudget] // the newest session's byte budget
 	alive    atomic.Int64                  // unix nanos of the reader's last turn (touch)
 	adopting atomic.Bool                   // a new slot's backlog is being published
-	detail   atomic.Pointer[string]        // what a starting relay waits for (see Status)
+	detail   atomic.Pointer[detail]        // what the relay waits for beyond its role (Status, Reason)
 	lockPID  atomic.Uint32                 // backend pid of the last session's slot lock connection
 	owner    atomic.Bool                   // the session holds the slot lock (see Owner)
 	broker   brokerNodes                   // the node the next session dials first (connect.go)
@@ -155,6 +155,7 @@ func New(cfg config.Config, outcomes Outcomes, log *slog.Logger, reg prometheus.
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cdcrelay_in_flight_bytes",
 		Help: "Bytes of the byte budget (CDCRELAY_MAX_IN_FLIGHT_BYTES) taken now: events decoded, or read from a snapshot, whose confirm or park is not yet handled."}, r.inFlightBytes))
+	registerStatus(reg, cfg.Slot, r)
 	return r, nil
 }
 
@@ -219,7 +220,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			} else {
 				r.log.Error("pipeline failed; restarting both sides from the slot", "error", err, "retry_in", wait.Round(time.Millisecond))
 			}
-			r.setDetail(r.retryDetail(err)) // /readyz says why until the next session streams
+			r.setDetail(r.retryDetail(err)) // /readyz and cdcrelay_status say why until the next session streams
 		}
 		select {
 		case <-time.After(wait):

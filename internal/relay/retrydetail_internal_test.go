@@ -25,9 +25,14 @@ func TestRetryDetail(t *testing.T) {
 		{&OperatorError{Problem: "p", Remedy: strings.Repeat("r", 500)}, "needs an operator: p; " + strings.Repeat("r", 2*retryDetailMax-3) + "…", "rrrrr\n"},
 	}
 	for _, c := range cases {
-		got := r.retryDetail(c.err)
+		reason, got := r.retryDetail(c.err)
 		if got != c.want || strings.Contains(got, c.nope) {
 			t.Errorf("retryDetail(%q) = %q, want %q", c.err, got, c.want)
+		}
+		// The reason follows the prefix: an operator's condition is never
+		// counted as a retry that may heal by itself.
+		if want := map[bool]Reason{true: ReasonNeedsOperator, false: ReasonRetrying}[strings.HasPrefix(c.want, "needs an operator")]; reason != want {
+			t.Errorf("retryDetail(%q) reason %q, want %q", c.err, reason, want)
 		}
 	}
 }
@@ -36,7 +41,7 @@ func TestRetryDetail(t *testing.T) {
 // URL's is scrubbed whole, not left with a visible tail.
 func TestRetryDetailOverlappingPasswords(t *testing.T) {
 	r := &Relay{cfg: config.Config{DatabaseURL: "postgres://relay:abcd@db/app", AMQPURL: "amqp://relay:abcdefgh@mq/"}}
-	got := r.retryDetail(errors.New("broker refused abcdefgh"))
+	_, got := r.retryDetail(errors.New("broker refused abcdefgh"))
 	if got != "retrying after: broker refused xxxxx" {
 		t.Errorf("retryDetail = %q", got)
 	}

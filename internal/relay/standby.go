@@ -111,12 +111,12 @@ func (r *Relay) awaitReplay(ctx context.Context, db, sdb *pgx.Conn) error {
 		waited := time.Since(began)
 		switch {
 		case done:
-			r.setDetail("")
+			r.clearDetail()
 			return nil
 		case waited > replayWait:
 			return fmt.Errorf("the standby has not replayed the primary's position %s within %s: is it streaming from the primary?", target, replayWait)
 		case waited > createReportAfter:
-			r.setDetail(fmt.Sprintf("waiting %s for the standby to replay the primary's position %s before creating the slot there", waited.Round(time.Second), target))
+			r.setDetail(ReasonCreatingSlot, fmt.Sprintf("waiting %s for the standby to replay the primary's position %s before creating the slot there", waited.Round(time.Second), target))
 		}
 		select {
 		case <-ctx.Done():
@@ -169,13 +169,13 @@ func (r *Relay) nudgeStandby(ctx context.Context, db *pgx.Conn) (stop func()) {
 				what += fmt.Sprintf("; asking the primary for one failed: %v", err)
 			}
 			if time.Since(began) > createReportAfter {
-				r.setDetail(what)
+				r.setDetail(ReasonCreatingSlot, what)
 			}
 		}
 	}()
 	return func() {
 		close(quit)
 		<-done
-		r.setDetail("")
+		r.clearDetail()
 	}
 }

@@ -45,7 +45,7 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	r.log.Info("streaming", "from", start, "status_interval", interval)
 	r.touch()
 	r.setRole(RoleStreaming)
-	r.setDetail("")
+	r.clearDetail()
 
 	stopping, readerDone := outcomesStopping(r.outcomes), make(chan struct{})
 	g.Go(func() error { defer close(readerDone); return reader.Run(gctx) })
@@ -104,8 +104,8 @@ func (r *Relay) publisherConfig() publish.PublisherConfig {
 // stays ready (a restart would not help) and says what it waits for.
 func (r *Relay) onBlocked(active bool, reason string) {
 	if active {
-		r.setDetail("broker blocked publishers (resource alarm: " + reason + "); waiting, nothing is lost")
+		r.setDetail(ReasonBrokerBlocked, "broker blocked publishers (resource alarm: "+reason+"); waiting, nothing is lost")
 		return
 	}
-	r.setDetail("")
+	r.clearDetail()
 }

@@ -207,7 +207,7 @@ func TestDashboardQueries(t *testing.T) {
 		"cdcrelay_role", "cdcrelay_monitor_holder", "cdcrelay_monitor_last_success_timestamp_seconds",
 		"process_resident_memory_bytes", "process_cpu_seconds_total",
 		"up", "process_start_time_seconds", "cdcrelay_max_in_flight_events", "cdcrelay_max_in_flight_bytes",
-		"cdcrelay_backfill_rows", "cdcrelay_backfill_rows_done", "cdcrelay_backfill_running",
+		"cdcrelay_backfill_rows", "cdcrelay_backfill_rows_done", "cdcrelay_backfill_running", "cdcrelay_status",
 	} {
 		if !used[m] {
 			t.Errorf("no dashboard query uses %s", m)
@@ -220,6 +220,7 @@ func TestDashboardQueries(t *testing.T) {
 		"by (service, side) (increase(cdcrelay_connect_failures_total",
 		"by (service, side) (increase(cdcrelay_reconnects_total",
 		"by (service, pod) (cdcrelay_role",
+		"max by (service, pod, reason) (cdcrelay_status{",
 		// Restarts from the relay's own start time: kube-state-metrics is not assumed.
 		"sum by (service, pod) (changes(process_start_time_seconds{",
 		"max by (service, pod) (up{",
