@@ -111,11 +111,11 @@ func (p *Publisher) settle(ctx context.Context, l *lane, f inflight) error {
 	return nil
 }
 
-// settleCopy counts a dead-letter copy the broker did not take. Its row
-// is parked already; nothing waits for the copy, so it never stalls
-// anything (invariant 3). Only a closed channel ends the session, as any
-// closed channel does; a copy refused while it was alone in flight is not
-// sent again.
+// settleCopy counts a dead-letter copy the broker did not take, and parks
+// its row if that waited for the copy (parkReason): taken or not, the row
+// is parked, so a refused copy never stalls anything (invariant 3). Only a
+// closed channel ends the session, before the park, as any closed channel
+// does; a copy refused while it was alone in flight is not sent again.
 func (p *Publisher) settleCopy(l *lane, f inflight, returned bool) error {
 	var outcome string
 	switch {
@@ -129,13 +129,23 @@ func (p *Publisher) settleCopy(l *lane, f inflight, returned bool) error {
 	case returned:
 		outcome = "returned"
 	default:
+		p.parkAfterCopy(f)
 		return nil
 	}
 	p.Metrics.deadLetter.WithLabelValues(outcome).Inc()
 	p.Log.Error("a parked event's dead-letter copy was not taken by the broker; the row stays parked and the stream goes on",
 		"event", LogID(f.id), "outcome", outcome, "dead_letter_exchange", f.exchange, "routing_key", f.key,
 		"remedy", "bind a queue to the dead-letter exchange for this routing key (or '#')")
+	p.parkAfterCopy(f)
 	return nil
+}
+
+// parkAfterCopy parks the row of a dead-letter copy whose park waited for
+// it.
+func (p *Publisher) parkAfterCopy(f inflight) {
+	if f.parkReason != "" {
+		p.acks.Parked(f.ref(), f.parkReason)
+	}
 }
 
 // watch turns connection and channel closure into errors and tracks flow

@@ -93,11 +93,12 @@ func deadLetter(ev *wal.Event, reason string, maxMessageBytes int64) amqp.Publis
 
 // poison applies the policy to an event that can never be published. Only
 // the event's own content leads here: transport failures never do, so they
-// never count as attempts. A parked event is handed to the Acker as soon as
-// its dead-letter copy is sent (or at once, without one): the row is
-// recorded whatever the broker then does with the copy, which is only
-// counted (invariant 3). A crash after parking can lose the copy; the
-// row's last_error is the record.
+// never count as attempts. A parked event with a dead-letter copy is handed
+// to the Acker once the copy's fate is known (settleCopy), at once without
+// one: the row is recorded whatever the broker does with the copy, which is
+// only counted (invariant 3), but a copy lost with its channel (a later
+// message closed it) or a crash ends the session before the park, so the
+// next session sends the copy again.
 func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (inflight, error) {
 	p.Metrics.poison.Inc()
 	if p.Poison == Stop {
@@ -119,11 +120,12 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 	if err != nil {
 		return f, err
 	}
-	p.acks.Parked(f.ref(), reason)
-	if dc != nil {
-		p.Metrics.inFlight.Inc()
-		f.dc, f.copyOf, f.exchange, f.key, f.rowExchange = dc, true, p.DeadLetterExchange, key, false
+	if dc == nil {
+		p.acks.Parked(f.ref(), reason)
+		return f, nil
 	}
+	p.Metrics.inFlight.Inc()
+	f.dc, f.copyOf, f.exchange, f.key, f.rowExchange, f.parkReason = dc, true, p.DeadLetterExchange, key, false, reason
 	return f, nil
 }
 

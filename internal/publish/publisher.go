@@ -171,11 +171,14 @@ type inflight struct {
 	// rowExchange: the exchange came from the row's exchange column, so a
 	// missing exchange is the row's problem (CDCRELAY_UNROUTABLE).
 	rowExchange bool
-	// copyOf is set on a parked event's dead-letter copy: the row is
-	// parked already, and the copy's fate is only counted.
-	copyOf   bool
-	resumed  bool // done in an earlier session: not published
-	backfill bool // from a new slot's snapshot: its place is not stable across adoptions
+	// copyOf is set on a parked event's dead-letter copy: the copy's fate
+	// is only counted.
+	copyOf bool
+	// parkReason, on a copy, is why its row is parked: settleCopy parks
+	// the row once the copy's fate is known ("": parked already).
+	parkReason string
+	resumed    bool // done in an earlier session: not published
+	backfill   bool // from a new slot's snapshot: its place is not stable across adoptions
 	// ev is kept only when a return can make the event poison with a
 	// dead-letter copy to send (parkLate); its bytes are in the budget
 	// until the confirm is handled anyway.

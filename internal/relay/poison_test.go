@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -196,4 +197,58 @@ func TestIntegrationPoisonInBacklog(t *testing.T) {
 	waitAll(t, e.consumer, good, 30*time.Second)
 	checkParked(t, e, bad)
 	waitMarked(t, e, good, 10*time.Second)
+}
+
+// TestIntegrationPoisonParkWaitsForCopy: a poison row with a dead-letter
+// exchange is parked only once the broker has its copy. With the relay's
+// bytes to the broker held, the copy is written but unconfirmed: the row
+// stays unparked and the slot before it. The connection is then cut,
+// the held copy with it; the next session handles the row again, so the
+// copy arrives and the row ends parked. (Parked as soon as the copy was
+// written, the row was recorded and the slot passed it, and the copy was
+// lost with the connection.)
+func TestIntegrationPoisonParkWaitsForCopy(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	u, err := url.Parse(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.MustProxy(t, u.Host)
+	dlx := testenv.UniqueName("cdcrelay.dlx")
+	dead := testenv.MustConsumer(t, e.amqpURL, dlx, testenv.UniqueName("cdcrelay.dlq"), "#")
+	t.Cleanup(func() { _ = testenv.DeleteExchange(context.Background(), e.amqpURL, dlx) })
+	proxied := *u
+	proxied.Host = proxy.Addr()
+	r := e.startRelay(map[string]string{"AMQP_URL": proxied.String(), "DEAD_LETTER_EXCHANGE": dlx, "MARK_INTERVAL": "100ms"})
+	r.waitStreaming(t)
+	first, _ := insertTxns(t, e.db, "ok.first", 1)
+	waitAll(t, e.consumer, first, 30*time.Second)
+
+	proxy.HoldUpstream(true)
+	bad, commit := insertTxns(t, e.db, strings.Repeat("r", 300), 1)
+	r.WaitFor(t, 30*time.Second, "the poison row to be handled", func() bool {
+		return gauge(t, r.reg, "cdcrelay_poison_events_total") == 1
+	})
+	time.Sleep(2 * time.Second) // twenty mark intervals, several status updates
+	var attempts int
+	if err := e.db.QueryRow(context.Background(), `SELECT attempts FROM event_outbox WHERE id = $1`, bad[0].id).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 {
+		t.Fatalf("the poison row was parked (attempts %d) while its dead-letter copy was unconfirmed", attempts)
+	}
+	if got := testenv.ConfirmedFlush(t, e.db, slotName); got >= commit {
+		t.Fatalf("slot confirmed %s, past the poison row (%s) whose copy was unconfirmed", got, commit)
+	}
+
+	proxy.Reset() // the held copy goes with the connection
+	proxy.HoldUpstream(false)
+	after, last := insertTxns(t, e.db, "ok.after", 1)
+	waitAll(t, e.consumer, after, 60*time.Second)
+	testenv.WaitConfirmed(t, e.db, slotName, last, 30*time.Second)
+	checkParked(t, e, map[string]string{bad[0].id: "routing key is 300 bytes"})
+	testenv.WaitCount(t, dead, 1, 30*time.Second)
+	if got := dead.Deliveries()[0].MessageID; got != bad[0].id {
+		t.Fatalf("dead letter %q, want the poison row %s", got, bad[0].id)
+	}
 }
