@@ -263,69 +263,88 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// validate returns one problem per bad value, each naming its variable.
+// validate returns one problem per bad value, each naming its variable:
+// the connections and names, then the limits, then the choices.
 func (c *Config) validate() []string {
-	var p []string
-	bad := func(key, format string, args ...any) {
-		p = append(p, fmt.Sprintf("%s%s: %s", Prefix, key, fmt.Sprintf(format, args...)))
-	}
+	var p problems
+	c.validateConnections(&p)
+	c.validateLimits(&p)
+	c.validateChoices(&p)
+	return p
+}
+
+// problems collects what validate finds, one line per bad value.
+type problems []string
+
+// bad adds a problem with the variable named key.
+func (p *problems) bad(key, format string, args ...any) {
+	*p = append(*p, fmt.Sprintf("%s%s: %s", Prefix, key, fmt.Sprintf(format, args...)))
+}
+
+// validateConnections checks the URLs, TLS files, table, slot, listen
+// address and the other names.
+func (c *Config) validateConnections(p *problems) {
 	if c.DatabaseURL == "" {
-		bad("DATABASE_URL", "required (or set %sDATABASE_URL_FILE)", Prefix)
+		p.bad("DATABASE_URL", "required (or set %sDATABASE_URL_FILE)", Prefix)
 	} else if _, err := pgconn.ParseConfig(c.DatabaseURL); err != nil {
-		bad("DATABASE_URL", "not a valid PostgreSQL connection string")
+		p.bad("DATABASE_URL", "not a valid PostgreSQL connection string")
 	}
 	if c.ReplicationURL != "" {
 		if _, err := pgconn.ParseConfig(c.ReplicationURL); err != nil {
-			bad("REPLICATION_URL", "not a valid PostgreSQL connection string")
+			p.bad("REPLICATION_URL", "not a valid PostgreSQL connection string")
 		}
 		if c.SlotFailover == SlotFailoverOn {
-			bad("SLOT_FAILOVER", "on with %sREPLICATION_URL: the slot is on a standby, and PostgreSQL refuses failover for a slot created on a standby; set it to auto or off", Prefix)
+			p.bad("SLOT_FAILOVER", "on with %sREPLICATION_URL: the slot is on a standby, and PostgreSQL refuses failover for a slot created on a standby; set it to auto or off", Prefix)
 		}
 	}
-	p = append(p, c.checkAMQPURL()...) // one node or several (amqpnodes.go)
+	*p = append(*p, c.checkAMQPURL()...) // one node or several (amqpnodes.go)
 	if c.AMQPManagementURL != "" {
 		if u, err := url.Parse(c.AMQPManagementURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("AMQP_MANAGEMENT_URL", "want http://user:password@host:15672 or https://…")
+			p.bad("AMQP_MANAGEMENT_URL", "want http://user:password@host:15672 or https://…")
 		}
 	}
 	if (c.AMQPTLSCert == "") != (c.AMQPTLSKey == "") {
-		bad("AMQP_TLS_CERT", "set together with %sAMQP_TLS_KEY", Prefix)
+		p.bad("AMQP_TLS_CERT", "set together with %sAMQP_TLS_KEY", Prefix)
 	}
 	if c.AMQPTLSCA != "" || c.AMQPTLSCert != "" {
 		if _, err := c.AMQPTLS(); err != nil {
-			bad("AMQP_TLS_CA", "%v", err)
+			p.bad("AMQP_TLS_CA", "%v", err)
 		}
 	}
 	if _, _, err := SplitTable(c.Table); err != nil {
-		bad("TABLE", "%v", err)
+		p.bad("TABLE", "%v", err)
 	}
 	if !slotRe.MatchString(c.Slot) {
-		bad("SLOT", "%q: slot names are 1 to 63 of a-z, 0-9 and _", c.Slot)
+		p.bad("SLOT", "%q: slot names are 1 to 63 of a-z, 0-9 and _", c.Slot)
 	} else if err := slot.CheckName(c.Slot); err != nil {
-		bad("SLOT", "%v", err)
+		p.bad("SLOT", "%v", err)
 	}
 	if err := checkListenAddr(c.HTTPAddr); err != nil {
-		bad("HTTP_ADDR", "%v", err)
+		p.bad("HTTP_ADDR", "%v", err)
 	}
 	if c.LockDatabase == "" {
-		bad("LOCK_DATABASE", "must not be empty (the database the relay holds and waits for the slot lock in, postgres by default)")
+		p.bad("LOCK_DATABASE", "must not be empty (the database the relay holds and waits for the slot lock in, postgres by default)")
 	}
 	for _, n := range c.names() {
 		if *n.value == "" && n.optional {
 			continue
 		}
 		if _, err := ParseIdent(*n.value); err != nil {
-			bad(n.key, "%v", err)
+			p.bad(n.key, "%v", err)
 		}
 	}
+}
+
+// validateLimits checks the numbers and durations.
+func (c *Config) validateLimits(p *problems) {
 	if c.MaxInFlight < 1 || c.MaxInFlight > 65535 {
-		bad("MAX_IN_FLIGHT", "%d is outside 1..65535", c.MaxInFlight)
+		p.bad("MAX_IN_FLIGHT", "%d is outside 1..65535", c.MaxInFlight)
 	}
 	if c.PublishChannels < 1 || c.PublishChannels > 64 {
-		bad("PUBLISH_CHANNELS", "%d is outside 1..64", c.PublishChannels)
+		p.bad("PUBLISH_CHANNELS", "%d is outside 1..64", c.PublishChannels)
 	}
 	if c.MaxInFlightBytes < 1024 {
-		bad("MAX_IN_FLIGHT_BYTES", "%d bytes is below 1KiB", c.MaxInFlightBytes)
+		p.bad("MAX_IN_FLIGHT_BYTES", "%d bytes is below 1KiB", c.MaxInFlightBytes)
 	}
 	positive := map[string]time.Duration{
 		"CONFIRM_TIMEOUT": c.ConfirmTimeout, "STATUS_INTERVAL": c.StatusInterval,
@@ -336,49 +355,52 @@ func (c *Config) validate() []string {
 	}
 	for key, d := range positive {
 		if d <= 0 {
-			bad(key, "must be positive")
+			p.bad(key, "must be positive")
 		}
 	}
 	if c.BackoffMax < c.BackoffMin {
-		bad("BACKOFF_MAX", "%s is below %sBACKOFF_MIN (%s)", c.BackoffMax, Prefix, c.BackoffMin)
+		p.bad("BACKOFF_MAX", "%s is below %sBACKOFF_MIN (%s)", c.BackoffMax, Prefix, c.BackoffMin)
 	}
 	if c.MarkBatch < 1 || c.MarkBatch > 100000 {
-		bad("MARK_BATCH", "%d is outside 1..100000", c.MarkBatch)
+		p.bad("MARK_BATCH", "%d is outside 1..100000", c.MarkBatch)
 	}
 	if c.RetentionBatch < 1 || c.RetentionBatch > 1000000 {
-		bad("RETENTION_BATCH", "%d is outside 1..1000000", c.RetentionBatch)
+		p.bad("RETENTION_BATCH", "%d is outside 1..1000000", c.RetentionBatch)
 	}
+}
+
+// validateChoices checks the settings that take one of a few values.
+func (c *Config) validateChoices(p *problems) {
 	if c.SlotLost != SlotLostRecreate && c.SlotLost != SlotLostStop {
-		bad("SLOT_LOST", "%q: want %s or %s", c.SlotLost, SlotLostRecreate, SlotLostStop)
+		p.bad("SLOT_LOST", "%q: want %s or %s", c.SlotLost, SlotLostRecreate, SlotLostStop)
 	}
 	if c.SlotFailover != SlotFailoverAuto && c.SlotFailover != SlotFailoverOn && c.SlotFailover != SlotFailoverOff {
-		bad("SLOT_FAILOVER", "%q: want %s, %s or %s", c.SlotFailover, SlotFailoverAuto, SlotFailoverOn, SlotFailoverOff)
+		p.bad("SLOT_FAILOVER", "%q: want %s, %s or %s", c.SlotFailover, SlotFailoverAuto, SlotFailoverOn, SlotFailoverOff)
 	}
 	if c.MarkOrigin != MarkOriginAuto && c.MarkOrigin != MarkOriginOff {
-		bad("MARK_ORIGIN", "%q: want %s or %s", c.MarkOrigin, MarkOriginAuto, MarkOriginOff)
+		p.bad("MARK_ORIGIN", "%q: want %s or %s", c.MarkOrigin, MarkOriginAuto, MarkOriginOff)
 	}
 	if c.Poison != PoisonPark && c.Poison != PoisonStop {
-		bad("POISON", "%q: want %s or %s", c.Poison, PoisonPark, PoisonStop)
+		p.bad("POISON", "%q: want %s or %s", c.Poison, PoisonPark, PoisonStop)
 	}
 	if c.Unroutable != UnroutableStall && c.Unroutable != UnroutablePark {
-		bad("UNROUTABLE", "%q: want %s or %s", c.Unroutable, UnroutableStall, UnroutablePark)
+		p.bad("UNROUTABLE", "%q: want %s or %s", c.Unroutable, UnroutableStall, UnroutablePark)
 	}
 	if c.MaxMessageBytes < 1 {
-		bad("MAX_MESSAGE_BYTES", "must be positive")
+		p.bad("MAX_MESSAGE_BYTES", "must be positive")
 	}
 	if len(c.DeadLetterExchange) > 255 {
-		bad("DEAD_LETTER_EXCHANGE", "longer than 255 bytes")
+		p.bad("DEAD_LETTER_EXCHANGE", "longer than 255 bytes")
 	}
 	if c.AMQPHeartbeat < 0 {
-		bad("AMQP_HEARTBEAT", "must not be negative")
+		p.bad("AMQP_HEARTBEAT", "must not be negative")
 	}
 	if _, err := c.Level(); err != nil {
-		bad("LOG_LEVEL", "%v", err)
+		p.bad("LOG_LEVEL", "%v", err)
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
-		bad("LOG_FORMAT", "%q: want text or json", c.LogFormat)
+		p.bad("LOG_FORMAT", "%q: want text or json", c.LogFormat)
 	}
-	return p
 }
 
 // AMQPTLS builds the TLS configuration for amqps:// from the CA and client

@@ -255,27 +255,10 @@ type pubFacts struct {
 }
 
 func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
-	pub := quoteIdent(t.publication)
 	if !p.exists {
-		f := Finding{Check: checkPublication, Severity: Error,
-			Message: fmt.Sprintf("publication %s does not exist", t.publication),
-			Remedy:  fmt.Sprintf("run `cdcrelay migrate` as the owner of %s, or: %s", t.qualified(), t.createPublicationSQL(tf.kind))}
-		switch {
-		case tf.kind == "":
-			// The table finding says why; no role could create a
-			// publication of a table that is not there.
-			f.Message += fmt.Sprintf(", nor does table %s it must publish", t.qualified())
-			f.Remedy = "run `cdcrelay migrate` (as the schema owner) against this database: it creates both"
-		case p.canCreate:
-			// run creates it at start, as this role may: it works, so
-			// this is a warning, not an error.
-			f.Severity = Warn
-			f.Message += fmt.Sprintf(" (the relay would create it at start only because role %s owns the table; create it with the schema so the relay can run as a least-privilege role)", t.role)
-		default:
-			f.Message += fmt.Sprintf("; role %s cannot create it (it needs to own %s and have CREATE on the database), so the relay cannot start", t.role, t.qualified())
-		}
-		return []Finding{f}
+		return []Finding{missingPublication(t, tf, p)}
 	}
+	pub := quoteIdent(t.publication)
 	var fs []Finding
 	bad := func(sev Severity, msg, remedy string) {
 		fs = append(fs, Finding{Check: checkPublication, Severity: sev, Message: msg, Remedy: remedy})
@@ -329,32 +312,67 @@ func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
 			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (no row filter)", pub, t.qualified()))
 	}
 	if p.covers && p.columns != nil {
-		var dropped, droppedOptional []string
-		// Columns missing from the table are the mapping check's to report.
-		for _, c := range []string{t.id, t.key, t.payload} {
-			if _, inTable := tf.column(c); inTable && !slices.Contains(p.columns, c) {
-				dropped = append(dropped, c)
-			}
-		}
-		for _, c := range []string{t.headers, t.exch, t.msgType} {
-			if _, inTable := tf.column(c); c != "" && inTable && !slices.Contains(p.columns, c) {
-				droppedOptional = append(droppedOptional, c)
-			}
-		}
-		if len(dropped) > 0 {
-			bad(Error, fmt.Sprintf("publication %s's column list leaves out %s: the relay stops at the first row", t.publication, strings.Join(dropped, ", ")),
-				fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (all columns)", pub, t.qualified()))
-		}
-		if len(droppedOptional) > 0 {
-			bad(Warn, fmt.Sprintf("publication %s's column list leaves out %s: the relay cannot use them", t.publication, strings.Join(droppedOptional, ", ")),
-				fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (all columns)", pub, t.qualified()))
-		}
+		fs = append(fs, classifyColumnList(t, tf, p)...)
 	}
 	if p.covers {
 		fs = append(fs, classifyOthers(t, tf, p)...)
 	}
 	if len(fs) == 0 {
 		fs = append(fs, Finding{Check: checkPublication, Message: fmt.Sprintf("%s publishes inserts only, of %s", t.publication, t.qualified())})
+	}
+	return fs
+}
+
+// missingPublication is the finding for a publication that does not
+// exist: who could create it, if anyone.
+func missingPublication(t target, tf tableFacts, p pubFacts) Finding {
+	f := Finding{Check: checkPublication, Severity: Error,
+		Message: fmt.Sprintf("publication %s does not exist", t.publication),
+		Remedy:  fmt.Sprintf("run `cdcrelay migrate` as the owner of %s, or: %s", t.qualified(), t.createPublicationSQL(tf.kind))}
+	switch {
+	case tf.kind == "":
+		// The table finding says why; no role could create a
+		// publication of a table that is not there.
+		f.Message += fmt.Sprintf(", nor does table %s it must publish", t.qualified())
+		f.Remedy = "run `cdcrelay migrate` (as the schema owner) against this database: it creates both"
+	case p.canCreate:
+		// run creates it at start, as this role may: it works, so
+		// this is a warning, not an error.
+		f.Severity = Warn
+		f.Message += fmt.Sprintf(" (the relay would create it at start only because role %s owns the table; create it with the schema so the relay can run as a least-privilege role)", t.role)
+	default:
+		f.Message += fmt.Sprintf("; role %s cannot create it (it needs to own %s and have CREATE on the database), so the relay cannot start", t.role, t.qualified())
+	}
+	return f
+}
+
+// classifyColumnList judges a publication's column list: the relay needs the
+// id, routing key and payload, and can use the optional columns.
+func classifyColumnList(t target, tf tableFacts, p pubFacts) []Finding {
+	pub := quoteIdent(t.publication)
+	var fs []Finding
+	bad := func(sev Severity, msg, remedy string) {
+		fs = append(fs, Finding{Check: checkPublication, Severity: sev, Message: msg, Remedy: remedy})
+	}
+	var dropped, droppedOptional []string
+	// Columns missing from the table are the mapping check's to report.
+	for _, c := range []string{t.id, t.key, t.payload} {
+		if _, inTable := tf.column(c); inTable && !slices.Contains(p.columns, c) {
+			dropped = append(dropped, c)
+		}
+	}
+	for _, c := range []string{t.headers, t.exch, t.msgType} {
+		if _, inTable := tf.column(c); c != "" && inTable && !slices.Contains(p.columns, c) {
+			droppedOptional = append(droppedOptional, c)
+		}
+	}
+	if len(dropped) > 0 {
+		bad(Error, fmt.Sprintf("publication %s's column list leaves out %s: the relay stops at the first row", t.publication, strings.Join(dropped, ", ")),
+			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (all columns)", pub, t.qualified()))
+	}
+	if len(droppedOptional) > 0 {
+		bad(Warn, fmt.Sprintf("publication %s's column list leaves out %s: the relay cannot use them", t.publication, strings.Join(droppedOptional, ", ")),
+			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (all columns)", pub, t.qualified()))
 	}
 	return fs
 }
