@@ -114,12 +114,18 @@ bench: build
 bench-retention:
 	$(GO) test -tags retentionbench -run TestIntegrationRetentionMillion -v -count=1 -timeout 60m ./internal/retention/
 
+# deadcode (make lint) follows every build tag, so that code used only by
+# the fault suites, the version matrix or a bench counts as reachable.
+DEADCODE_TAGS = faults failpoints pgmatrix alerts retentionbench
+
 lint:
 	$(GOLANGCI) run ./...
 	$(GOLANGCI) run --build-tags 'faults failpoints' ./internal/faults/... ./internal/failpoint/...
 	$(GOLANGCI) run --build-tags alerts ./internal/alertlive/...
 	$(GOLANGCI) run --build-tags pgmatrix ./internal/relay/... ./internal/monitor/... ./internal/testenv/...
 	cd deploy/helm/charttest && $(GOLANGCI) run ./...
+	@out=$$($(GO) run golang.org/x/tools/cmd/deadcode@v0.52.0 -test -tags '$(DEADCODE_TAGS)' ./... 2>&1); \
+		if [ -n "$$out" ]; then echo "deadcode: unreachable functions:"; echo "$$out"; exit 1; fi
 
 clean:
 	rm -rf bin

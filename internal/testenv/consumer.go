@@ -88,9 +88,6 @@ func startConsumer(ctx context.Context, c *Consumer) (*Consumer, error) {
 	return c, nil
 }
 
-// Queue is the name of the consumer's queue.
-func (c *Consumer) Queue() string { return c.queue }
-
 // Deliveries returns a copy of everything received so far, in arrival order.
 // Bodies and header maps are shared with the consumer and must not be
 // modified.

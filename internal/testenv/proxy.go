@@ -85,9 +85,6 @@ func (p *Proxy) SetRate(bytesPerSecond int64) { p.rate.Store(bytesPerSecond) }
 // Addr is the "127.0.0.1:PORT" clients should connect to.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Target is the address the proxy forwards to.
-func (p *Proxy) Target() string { return p.target }
-
 // HoldDownstream stops (true) or resumes (false) forwarding target->client
 // bytes. Held bytes are kept and delivered in order on resume.
 func (p *Proxy) HoldDownstream(hold bool) { p.setGate(func() { p.holdDown = hold }) }

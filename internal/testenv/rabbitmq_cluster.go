@@ -134,12 +134,6 @@ func (c *RabbitMQCluster) IndexOf(addr string) int {
 // Kill ends node i with SIGKILL, as a crash would.
 func (c *RabbitMQCluster) Kill(i int) { c.nodes[i].Kill() }
 
-// Start starts node i again after Kill or Stop; it rejoins the cluster
-// from its data directory.
-func (c *RabbitMQCluster) Start(ctx context.Context, i int) error {
-	return c.nodes[i].Start(ctx)
-}
-
 // DeclareQuorumQueue declares, through node i, a durable quorum queue
 // (replicated on every node, so it survives any one node) bound to the
 // durable topic exchange with bindingKey; the exchange is declared too.

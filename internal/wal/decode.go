@@ -184,9 +184,6 @@ func NewDecoder(m Mapping) *Decoder {
 	return &Decoder{mapping: m, relations: make(map[uint32]*relation), skipped: make(map[uint32]bool)}
 }
 
-// InTransaction reports whether a Begin has been seen without its Commit.
-func (d *Decoder) InTransaction() bool { return d.open }
-
 // Decode consumes one pgoutput message.
 func (d *Decoder) Decode(data []byte) (Step, error) {
 	msg, err := Parse(data)
