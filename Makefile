@@ -19,7 +19,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # IMAGEFLAGS=-arch=arm64 builds for another architecture.
 IMAGEFLAGS ?=
 
-.PHONY: build image demo test test-unit test-go test-faults test-pg-matrix test-alerts fuzz chart-test bench bench-retention lint clean
+.PHONY: build image demo test test-unit test-go test-faults test-pg-matrix test-alerts fuzz chart-test test-k8s bench bench-retention lint clean
 
 build:
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/cdcrelay ./cmd/cdcrelay
@@ -95,6 +95,17 @@ fuzz:
 
 chart-test:
 	$(MAKE) -C deploy/helm test
+
+# The chart on a real kube-apiserver (deploy/helm/k8stest; docs/testing.md,
+# "The chart on a real API server"): .ci/install-kube builds kube-apiserver
+# and fetches etcd and the prometheus-operator CRDs into
+# /var/cache/cdcrelay/kube the first time (about 10 min on 2 cores), then the
+# test installs, upgrades and uninstalls the chart in a namespace enforcing
+# PodSecurity's restricted profile. .ci/run runs it.
+test-k8s:
+	.ci/install-kube
+	$(MAKE) -C deploy/helm helm
+	cd deploy/helm/k8stest && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m -v ./...
 
 # One live test (internal/alertlive): a real Prometheus (Debian's prometheus
 # package) scrapes the relay and evaluates the chart's rendered alert rules

@@ -3,6 +3,7 @@ module github.com/cdcrelay/cdcrelay/deploy/helm/charttest
 go 1.26.8
 
 require (
+	github.com/grafana/grafana-foundation-sdk/go v0.0.22
 	github.com/prometheus/common v0.72.1
 	github.com/prometheus/prometheus v0.316.0
 	k8s.io/api v0.37.2
