@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -258,7 +257,7 @@ func lockHolder(t *testing.T, db *pgx.Conn) int32 {
 	var pid int32
 	err := db.QueryRow(context.Background(), `
 		SELECT coalesce(max(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
-		  AND classid = $1::bigint::oid AND objid = (hashtext('s1')::bigint & 4294967295)::oid`, slot.MonitorLockClass).Scan(&pid)
+		  AND classid = $1::bigint::oid AND objid = (hashtext('s1')::bigint & 4294967295)::oid`, LockClass).Scan(&pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +330,7 @@ func TestIntegrationMonitorLock(t *testing.T) {
 			exec(t, db, `SELECT pg_terminate_backend($1)`, pid)
 		}
 		var ok bool
-		if err := thief.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext('s1'))`, slot.MonitorLockClass).Scan(&ok); err != nil {
+		if err := thief.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext('s1'))`, LockClass).Scan(&ok); err != nil {
 			t.Fatal(err)
 		}
 		return ok

@@ -17,16 +17,6 @@ import (
 // objsubid = 2.
 const LockClass int32 = 0x63646372
 
-// MonitorLockClass is the first key of the monitor lock, "cdcm" in ASCII;
-// the second is hashtext(slot name), as for the slot lock. It is the
-// relay's other advisory lock class: every replica's monitor
-// (internal/monitor) takes it with pg_try_advisory_lock on its own
-// connection to the outbox database (not CDCRELAY_LOCK_DATABASE), and the
-// holder alone refreshes the backlog and slot gauges, whatever its role.
-// In pg_locks: classid = MonitorLockClass, objid = hashtext(slot),
-// objsubid = 2, in the outbox database.
-const MonitorLockClass int32 = 0x6364636d
-
 // The slot lock is a session advisory lock held, for as long as a relay
 // owns the slot, on its normal connection to the slot's database: every
 // lifecycle action (dropping a lost slot or an interrupted adoption's,
