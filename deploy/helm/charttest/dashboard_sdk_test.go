@@ -30,12 +30,11 @@ func sdkParse(raw []byte) error {
 }
 
 // sdkDefaulted are the fields the SDK's schema calls required but Grafana
-// fills in with a default when it loads a dashboard without them (and the
-// dashboard JSON model it exports often omits): legend calcs (none), the
-// stat panel's percent change (off, standard colours) and a template
-// variable's current selection (resolved from its query at load). Only
+// fills in when it loads a dashboard without them: a template variable's
+// current selection, resolved from its query at load (the dashboard sets
+// none, so that each user starts from what their Prometheus has). Only
 // their absence is forgiven; a wrong type or an unknown field still fails.
-var sdkDefaulted = []string{".options.legend.calcs", ".options.showPercentChange", ".options.percentChangeColorMode", ".current.text", ".current.value"}
+var sdkDefaulted = []string{".current.text", ".current.value"}
 
 const sdkMissing = "required field is missing from input"
 
