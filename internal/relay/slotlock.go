@@ -65,6 +65,9 @@ func (r *Relay) acquire(ctx context.Context, db *pgx.Conn) error {
 		r.log.Info("waiting for the slot lock of this relay's previous session to be released", attrs...)
 	} else {
 		r.setRole(RoleStandby)
+		// A failed session's retry detail is stale now: this relay is a
+		// healthy standby, and /readyz and cdcrelay_status say so.
+		r.clearDetail()
 		r.log.Info("slot is held by another relay; waiting as hot standby", attrs...)
 	}
 	began := time.Now()
