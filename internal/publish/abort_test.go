@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -116,8 +117,9 @@ func startStuckPublisher(t *testing.T, ctx context.Context, l *Link, exchange st
 	in := make(chan wal.Event)
 	feedCtx, stopFeed := context.WithCancel(context.Background())
 	t.Cleanup(stopFeed)
-	go abortTestFeed(feedCtx, in)
-	p := NewPublisher(l, in, discardAcks{}, nil, PublisherConfig{
+	budget := semaphore.NewWeighted(1 << 30)
+	go abortTestFeed(feedCtx, in, budget)
+	p := NewPublisher(l, in, discardAcks{}, budget, PublisherConfig{
 		Exchange:    exchange,
 		MaxInFlight: 1000, MaxInFlightBytes: 1 << 30, ConfirmTimeout: time.Minute, MaxMessageBytes: 1 << 20,
 		Log:     slog.New(slog.DiscardHandler),
@@ -151,11 +153,15 @@ func startStuckPublisher(t *testing.T, ctx context.Context, l *Link, exchange st
 	}
 }
 
-// abortTestFeed sends 256 KiB events until ctx ends.
-func abortTestFeed(ctx context.Context, in chan<- wal.Event) {
+// abortTestFeed sends 256 KiB events until ctx ends, taking each one's
+// weight from budget first as the WAL reader does.
+func abortTestFeed(ctx context.Context, in chan<- wal.Event, budget *semaphore.Weighted) {
 	payload := []byte(`{"pad": "` + strings.Repeat("x", 256<<10) + `"}`)
 	for i := 1; ; i++ {
 		ev := wal.Event{ID: fmt.Sprintf("abort-test-%d", i), RoutingKey: "abort.test", Payload: payload, PayloadIsJSON: true, Seq: uint64(i)}
+		if budget.Acquire(ctx, ev.Weight(1<<30)) != nil {
+			return
+		}
 		select {
 		case in <- ev:
 		case <-ctx.Done():

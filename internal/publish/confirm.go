@@ -15,7 +15,9 @@ import (
 
 // confirmLoop takes a lane's confirms in publish order. Acks arrive in any
 // order, within a lane and across lanes; walking each FIFO in order hands
-// the watermark every ack, and its contiguous-prefix rule does the rest. A
+// the Acker (the janitor's session, which acks the watermark once the row
+// is marked) every ack, and the watermark's contiguous-prefix rule does
+// the rest. A
 // basic.return is only noted when it arrives, and acted on at its
 // message's turn: the events before it are acked first, so the next
 // session does not publish them again.
@@ -113,7 +115,7 @@ func (p *Publisher) settle(ctx context.Context, l *lane, f inflight) error {
 
 // settleCopy counts a dead-letter copy the broker did not take, and parks
 // its row if that waited for the copy (parkReason): taken or not, the row
-// is parked, so a refused copy never stalls anything (invariant 3). Only a
+// is parked, so a refused copy never stalls anything (invariant 3, docs/architecture.md). Only a
 // closed channel ends the session, before the park, as any closed channel
 // does; a copy refused while it was alone in flight is not sent again.
 func (p *Publisher) settleCopy(l *lane, f inflight, returned bool) error {

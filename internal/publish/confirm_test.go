@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/semaphore"
+
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
@@ -44,24 +46,32 @@ func (a *recordingAcker) count() int { a.mu.Lock(); defer a.mu.Unlock(); return 
 // confirmRig runs one publisher over a fake broker that confirms only
 // when the test says.
 type confirmRig struct {
-	t    *testing.T
-	b    *fakeBroker
-	in   chan wal.Event
-	acks *recordingAcker
-	p    *Publisher
-	done chan error
+	t  *testing.T
+	b  *fakeBroker
+	in chan wal.Event
+	// budget is the session's byte budget: send takes each event's weight
+	// before handing it on, as the WAL reader does; the publisher gives it
+	// back.
+	budget   *semaphore.Weighted
+	maxBytes int64
+	ctx      context.Context //nolint:containedctx // ends with the test: a send waiting for bytes gives up
+	acks     *recordingAcker
+	p        *Publisher
+	done     chan error
 }
 
 func startConfirmRig(t *testing.T, cfg PublisherConfig) *confirmRig {
 	t.Helper()
 	b := newFakeBroker(1, 1)
 	_, link := b.connect(cfg.MaxInFlight)
-	r := &confirmRig{t: t, b: b, in: make(chan wal.Event, 64), acks: &recordingAcker{}, done: make(chan error, 1)}
+	r := &confirmRig{t: t, b: b, in: make(chan wal.Event, 64), acks: &recordingAcker{}, done: make(chan error, 1),
+		budget: semaphore.NewWeighted(cfg.MaxInFlightBytes), maxBytes: cfg.MaxInFlightBytes}
 	cfg.Exchange = b.exchange
 	cfg.MaxMessageBytes = 1 << 20
 	cfg.Log = slog.New(slog.DiscardHandler)
-	r.p = NewPublisher(link, r.in, r.acks, nil, cfg)
+	r.p = NewPublisher(link, r.in, r.acks, r.budget, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
+	r.ctx = ctx
 	go func() { r.done <- r.p.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
@@ -77,6 +87,20 @@ func startConfirmRig(t *testing.T, cfg PublisherConfig) *confirmRig {
 		}
 	})
 	return r
+}
+
+// send hands ev to the publisher once its weight fits in the budget,
+// reporting whether it did before the test ended.
+func (r *confirmRig) send(ev wal.Event) bool {
+	if r.budget.Acquire(r.ctx, ev.Weight(r.maxBytes)) != nil {
+		return false
+	}
+	select {
+	case r.in <- ev:
+		return true
+	case <-r.ctx.Done():
+		return false
+	}
 }
 
 func (r *confirmRig) published() int {
@@ -101,15 +125,19 @@ func confirmEvent(i int) wal.Event {
 
 // TestPublisherHoldsNoMoreThanTheByteBudget: unconfirmed messages never
 // weigh more than MaxInFlightBytes, whatever room the window has; each
-// confirm lets the next one through (invariant 6).
+// confirm lets the next one through (invariant 6, docs/architecture.md).
 func TestPublisherHoldsNoMoreThanTheByteBudget(t *testing.T) {
 	ev := confirmEvent(0)
 	const fit = 3
 	budget := fit*ev.Weight(1<<30) + ev.Weight(1<<30)/2 // room for 3, not 4
 	r := startConfirmRig(t, PublisherConfig{MaxInFlight: 100, MaxInFlightBytes: budget, ConfirmTimeout: time.Hour})
-	for i := range 10 {
-		r.in <- confirmEvent(i)
-	}
+	go func() { // the feeder waits for bytes as the WAL reader does; it ends with the rig
+		for i := range 10 {
+			if !r.send(confirmEvent(i)) {
+				return
+			}
+		}
+	}()
 	r.waitFor("3 events published", func() bool { return r.published() == fit })
 	// The publisher is now waiting for bytes: several turns of nothing.
 	time.Sleep(100 * time.Millisecond)
@@ -129,7 +157,7 @@ func TestPublisherHoldsNoMoreThanTheByteBudget(t *testing.T) {
 // Run with ErrConfirmTimeout, and nothing is acked.
 func TestPublisherConfirmTimeout(t *testing.T) {
 	r := startConfirmRig(t, PublisherConfig{MaxInFlight: 8, MaxInFlightBytes: 1 << 20, ConfirmTimeout: 100 * time.Millisecond})
-	r.in <- confirmEvent(0)
+	r.send(confirmEvent(0))
 	select {
 	case err := <-r.done:
 		if !errors.Is(err, ErrConfirmTimeout) {
@@ -153,7 +181,7 @@ func TestPublisherConfirmTimeoutPausedWhileBlocked(t *testing.T) {
 	r := startConfirmRig(t, PublisherConfig{MaxInFlight: 8, MaxInFlightBytes: 1 << 20, ConfirmTimeout: timeout})
 	r.b.block(true)
 	r.waitFor("the publisher saw the block", r.p.blocked.Load)
-	r.in <- confirmEvent(0)
+	r.send(confirmEvent(0))
 	r.waitFor("the event published", func() bool { return r.published() == 1 })
 	time.Sleep(10 * timeout)
 	select {

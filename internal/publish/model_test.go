@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -220,6 +221,11 @@ type session struct {
 	row     int        // next row of txns[next] while open
 	open    bool
 	pending *wal.Event // decoded, waiting for room in In
+	// weighed: pending's weight is taken from budget, the session's byte
+	// budget, which the reader takes before it hands an event on and the
+	// publisher gives back.
+	weighed bool
+	budget  *semaphore.Weighted
 	stopped bool
 	dropped int // events dropped by Stop while pending
 	sent    pglogrepl.LSN
@@ -238,7 +244,8 @@ type session struct {
 func (m *model) newSession() *session {
 	s := &session{
 		m: m, start: m.slot, w: slot.NewWatermark(m.slot), in: make(chan wal.Event, m.o.inBuffer),
-		done: make(chan error, 1), sent: m.slot, lastP: m.slot,
+		budget: semaphore.NewWeighted(m.o.maxBytes),
+		done:   make(chan error, 1), sent: m.slot, lastP: m.slot,
 		seqID: map[uint64]string{}, acked: map[uint64]bool{}, parked: map[string]bool{}, resumed: map[string]bool{},
 	}
 	for i, txn := range m.txns {
@@ -249,7 +256,7 @@ func (m *model) newSession() *session {
 	}
 	conn, link := m.b.connect(m.o.maxInFlight)
 	s.conn = conn
-	p := NewPublisher(link, s.in, modelAcker{s}, nil, PublisherConfig{
+	p := NewPublisher(link, s.in, modelAcker{s}, s.budget, PublisherConfig{
 		Exchange:    m.b.exchange,
 		MaxInFlight: m.o.maxInFlight, MaxInFlightBytes: m.o.maxBytes,
 		ConfirmTimeout:  time.Hour, // never fires: the model has no clock
@@ -269,8 +276,8 @@ func (m *model) newSession() *session {
 	return s
 }
 
-// modelAcker is what the relay wires as the Acker (relay.go, acks): the
-// watermark and the janitor's marker. It also checks that the publisher
+// modelAcker is what the relay wires as the Acker (janitor.Session): the
+// watermark, without the janitor's marking. It also checks that the publisher
 // only reports what the broker confirmed.
 type modelAcker struct{ s *session }
 
@@ -355,9 +362,15 @@ func (s *session) read() {
 		return
 	}
 	if s.pending != nil {
+		if !s.weighed {
+			if !s.budget.TryAcquire(s.pending.Weight(s.m.o.maxBytes)) {
+				return
+			}
+			s.weighed = true
+		}
 		select {
 		case s.in <- *s.pending:
-			s.pending = nil
+			s.pending, s.weighed = nil, false
 		default:
 		}
 		return
@@ -383,7 +396,7 @@ func (s *session) read() {
 		s.open, s.row = true, 0
 	case s.row < len(s.txns[s.next].events):
 		ev := s.txns[s.next].events[s.row].ev
-		ev.Seq = s.w.Event()
+		ev.Seq = s.w.NextSeq()
 		s.m.b.mu.Lock()
 		s.seqID[ev.Seq] = ev.ID
 		s.m.b.mu.Unlock()

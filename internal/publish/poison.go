@@ -96,7 +96,7 @@ func deadLetter(ev *wal.Event, reason string, maxMessageBytes int64) amqp.Publis
 // never count as attempts. A parked event with a dead-letter copy is handed
 // to the Acker once the copy's fate is known (settleCopy), at once without
 // one: the row is recorded whatever the broker does with the copy, which is
-// only counted (invariant 3), but a copy lost with its channel (a later
+// only counted (invariant 3, docs/architecture.md), but a copy lost with its channel (a later
 // message closed it) or a crash ends the session before the park, so the
 // next session sends the copy again.
 func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (inflight, error) {

@@ -57,7 +57,7 @@ type PublisherConfig struct {
 	Poison           PoisonPolicy
 	// DeadLetterExchange, if set, receives a copy of each parked poison
 	// event; a copy the broker does not take is counted and logged, never
-	// retried (invariant 3).
+	// retried (invariant 3, docs/architecture.md).
 	DeadLetterExchange string
 	// Unroutable says what a row the broker cannot route becomes: a stall
 	// (the session ends and the row is published again, in order) or poison.
@@ -91,12 +91,11 @@ type Publisher struct {
 	link *Link
 	in   <-chan wal.Event
 	acks Acker
-	// budget, if set, is the session's byte budget (MaxInFlightBytes),
-	// shared with whoever feeds in: it took each event's weight
-	// (wal.Event.Weight) before sending it, so the events waiting in in
-	// count too (invariant 6, docs/architecture.md). The publisher gives the
-	// weight back once the event's confirm or park is handled. If nil, the
-	// publisher takes the weight itself before each publish.
+	// budget is the session's byte budget (MaxInFlightBytes), shared with
+	// whoever feeds in: it took each event's weight (wal.Event.Weight)
+	// before sending it, so the events waiting in in count too (invariant
+	// 6, docs/architecture.md). The publisher gives the weight back once
+	// the event's confirm or park is handled.
 	budget Budget
 	// drained is closed once in is closed and every published message is
 	// confirmed (see Drained).
@@ -129,16 +128,16 @@ const (
 	ParkUnroutable
 )
 
-// Budget is the session's byte budget: a semaphore.Weighted, or one that
-// also tells how much of it is taken (the relay's, for its gauge).
+// Budget is the session's byte budget as the publisher sees it: the feeder
+// of its input acquired each event's weight, the publisher releases it (a
+// semaphore.Weighted, or the relay's, which also tells how much is taken).
 type Budget interface {
-	Acquire(ctx context.Context, n int64) error
 	Release(n int64)
 }
 
 // NewPublisher returns the publisher of one session: it publishes the
-// events of in on link and reports their fate to acks. budget may be nil
-// (see Publisher.budget).
+// events of in on link and reports their fate to acks, releasing each
+// event's weight, which the feeder of in acquired, into budget.
 func NewPublisher(link *Link, in <-chan wal.Event, acks Acker, budget Budget, cfg PublisherConfig) *Publisher {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -196,13 +195,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 	// gives it back once the confirm is handled, so a lane never has more
 	// than window messages unconfirmed (a FIFO's capacity alone lets one
 	// more through: the one its confirm loop awaits plus the one waiting to
-	// enter the full FIFO). The bytes semaphore bounds the size across all
-	// lanes.
+	// enter the full FIFO). The byte budget, taken by the feeder of the
+	// input and given back by the confirm loops, bounds the size across
+	// all lanes.
 	window := max(p.MaxInFlight/len(lanes), 1)
-	bytes := p.budget
-	if bytes == nil {
-		bytes = semaphore.NewWeighted(p.MaxInFlightBytes)
-	}
 	// A failed session leaves its messages unconfirmed; they are not in
 	// flight any more once it is gone.
 	p.Metrics.inFlight.Set(0)
@@ -218,9 +214,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 	for i, l := range lanes {
 		fifo := make(chan inflight, window)
 		slots := semaphore.NewWeighted(int64(window))
-		g.Go(func() error { return p.publishLoop(gctx, l, inputs[i], fifo, slots, bytes) })
+		g.Go(func() error { return p.publishLoop(gctx, l, inputs[i], fifo, slots) })
 		g.Go(func() error {
-			if err := p.confirmLoop(gctx, l, fifo, slots, bytes); err != nil {
+			if err := p.confirmLoop(gctx, l, fifo, slots, p.budget); err != nil {
 				return err
 			}
 			drainedLanes <- struct{}{}
@@ -298,7 +294,7 @@ func LaneOf(routingKey string, n int) int {
 	return int(h % uint32(n))
 }
 
-func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Event, fifo chan<- inflight, slots *semaphore.Weighted, bytes Budget) error {
+func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Event, fifo chan<- inflight, slots *semaphore.Weighted) error {
 	defer close(fifo)
 	for {
 		var ev wal.Event
@@ -311,15 +307,11 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		// An event larger than the byte budget takes all of it and goes alone.
+		// The feeder of in took the event's weight (an event larger than
+		// the byte budget takes all of it and goes alone).
 		weight := ev.Weight(p.MaxInFlightBytes)
 		if err := slots.Acquire(ctx, 1); err != nil {
 			return err
-		}
-		if p.budget == nil { // else the producer of the input took it
-			if err := bytes.Acquire(ctx, weight); err != nil {
-				return err
-			}
 		}
 		v := p.Resume.judge(&ev)
 		var f inflight

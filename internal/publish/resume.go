@@ -18,7 +18,7 @@ const maxNoCopy = 1024
 
 // Resume is what one session leaves the next, so that a broker that
 // refuses some messages cannot make the relay republish the same events
-// session after session (docs/architecture.md invariant 11). The relay keeps
+// session after session (invariant 11, docs/architecture.md). The relay keeps
 // one for its life; each session's publisher consults it. It holds no
 // event, only places (wal.Place), so its size is fixed.
 //

@@ -38,7 +38,7 @@ type returnBook struct {
 }
 
 // note files a return read from l's returns channel. A closed channel is
-// the lane closing: a transport failure, never a return (invariant 3).
+// the lane closing: a transport failure, never a return (invariant 3, docs/architecture.md).
 func (p *Publisher) noteReturn(l *lane, r amqp.Return, ok bool) error {
 	if !ok {
 		return laneClosed(l)

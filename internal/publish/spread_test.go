@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
@@ -32,7 +33,8 @@ func TestPublisherEndsAfterFailureWithIdleInput(t *testing.T) {
 			b := newFakeBroker(uint64(channels), channels)
 			conn, link := b.connect(8)
 			in := make(chan wal.Event, 1) // never closed: the outbox is idle
-			p := NewPublisher(link, in, spreadTestAcker{}, nil, PublisherConfig{
+			budget := semaphore.NewWeighted(1 << 20)
+			p := NewPublisher(link, in, spreadTestAcker{}, budget, PublisherConfig{
 				Exchange:    b.exchange,
 				MaxInFlight: 8, MaxInFlightBytes: 1 << 20, ConfirmTimeout: time.Hour,
 				MaxMessageBytes: 1 << 20,
@@ -40,7 +42,11 @@ func TestPublisherEndsAfterFailureWithIdleInput(t *testing.T) {
 			})
 			done := make(chan error, 1)
 			go func() { done <- p.Run(context.Background()) }()
-			in <- wal.Event{ID: "e1", RoutingKey: "k", Payload: []byte(`{}`), PayloadIsJSON: true}
+			ev := wal.Event{ID: "e1", RoutingKey: "k", Payload: []byte(`{}`), PayloadIsJSON: true}
+			if !budget.TryAcquire(ev.Weight(1 << 20)) { // as the WAL reader does
+				t.Fatal("an empty budget has no room for one event")
+			}
+			in <- ev
 			for published := 0; published == 0; time.Sleep(time.Millisecond) {
 				b.mu.Lock()
 				published = b.stats.published
