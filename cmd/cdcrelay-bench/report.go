@@ -16,7 +16,7 @@ import (
 // retention runs hourly).
 const monitorInterval = 15 * time.Second
 
-// rssTarget is the most memory the relay may hold (docs/architecture.md invariant 6:
+// rssTarget is the most memory the relay may hold (invariant 6, docs/architecture.md:
 // memory bounded by the in-flight window).
 const rssTarget = 64 << 20
 

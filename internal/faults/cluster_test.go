@@ -62,7 +62,7 @@ func newClusterWorld(t *testing.T, cl *testenv.RabbitMQCluster, consumerAvoids f
 		t.Fatalf("the relay's configuration holds %d broker nodes, want %d", got, cl.Len())
 	}
 	level, _ := cfg.Level()
-	cw.relay = relaytest.Start(t, cfg, relaytest.InProcessOptions{Service: true, Level: level})
+	cw.relay = relaytest.Start(t, cfg, relaytest.InProcessOptions{Level: level})
 	t.Cleanup(func() {
 		if err := cw.relay.Stop(); err != nil {
 			t.Errorf("relay: %v", err)

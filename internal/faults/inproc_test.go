@@ -83,7 +83,7 @@ func (r *inproc) failures() []string {
 }
 
 // transportFailuresOnly checks that a link fault was reported as one
-// (docs/architecture.md invariant 3: transport failures never count as a poisoned
+// (invariant 3, docs/architecture.md: transport failures never count as a poisoned
 // event): no nack or return was counted and every failure logged says so.
 func (r *inproc) transportFailuresOnly(t *testing.T) {
 	t.Helper()

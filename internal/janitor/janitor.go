@@ -3,11 +3,12 @@
 // for parked poison ones.
 //
 // A mark is part of the slot's position (invariant 10, docs/architecture.md):
-// the relay tells its watermark about an event only when the janitor calls
-// the event's completion callback, after the UPDATE that marked the row has
-// committed, the row was parked, or the row was found gone. So the slot
-// never passes a row that is not marked, and after any crash the events
-// whose marks were not written are streamed, published and marked again.
+// the publisher hands each confirm to a janitor Session (session.go), which
+// acks the streaming session's watermark only after the UPDATE that marked
+// the row has committed, the row was parked, or the row was found gone. So
+// the slot never passes a row that is not marked, and after any crash the
+// events whose marks were not written are streamed, published and marked
+// again.
 package janitor
 
 import (
@@ -38,7 +39,7 @@ type Options struct {
 	MarkInterval  time.Duration // how often queued marks are written
 	MarkBatch     int           // ids per UPDATE
 	// MaxPending bounds the marks queued and not yet written (default
-	// 10,000). At the bound Mark waits, which stops the publisher's
+	// 10,000). At the bound a Session's Ack waits, which stops the publisher's
 	// confirm loop and so the publisher: back-pressure, never a drop.
 	MaxPending int
 	// BackoffMin and BackoffMax bound the wait after a failed connection
@@ -54,7 +55,7 @@ const (
 	// small share of the relay's memory next to its byte budget (invariant
 	// 6), while covering 2 s of marks at 5,000 events/s.
 	defaultMaxPending = 10_000
-	// maxParked bounds the parked events waiting to be recorded; Park
+	// maxParked bounds the parked events waiting to be recorded; Parked
 	// waits at the bound. Poison is rare: reaching it means recording fails.
 	maxParked = 1000
 	// idleClose is how long the connection stays open without work.
@@ -80,7 +81,7 @@ type parked struct {
 	done       func()
 }
 
-// Janitor is a stage: Mark and Park queue work, Run writes it.
+// Janitor is a stage: its Sessions queue work, Run writes it.
 type Janitor struct {
 	opts    Options
 	log     *slog.Logger
@@ -92,9 +93,9 @@ type Janitor struct {
 	held    int           // entries taken by a flush and not yet settled
 	room    chan struct{} // closed when the queues shrink; nil: nobody waits
 	wake    chan struct{} // a full batch or a parked event is waiting, or a flush was asked for
-	// stopping is closed, and replaced by a fresh channel, each time a
-	// write fails because the database is shutting down (see Stopping).
-	stopping chan struct{}
+	// dbShuttingDown is closed, and replaced by a fresh channel, each time a
+	// write fails because the database is shutting down (see DatabaseShuttingDown).
+	dbShuttingDown chan struct{}
 	// failSince is when the writes began to fail without a success since
 	// (zero while they succeed or nothing waits), failErr the last
 	// failure: Failing.
@@ -105,6 +106,9 @@ type Janitor struct {
 	// standbyWarn, zero when they do not; waitErr says for what: stalled.
 	waitSince time.Time
 	waitErr   error
+	// hurrying counts the sessions waiting for their last marks
+	// (Session.Wait): Run then writes without waiting for its interval.
+	hurrying int
 
 	// Only the Run goroutine uses the fields below.
 	db       *pgx.Conn
@@ -121,6 +125,7 @@ type Janitor struct {
 	parkNoted  bool // a park that could not be recorded was reported
 	// originNoted: whether marks carry Origin was logged.
 	originNoted bool
+	again       *time.Timer // wakes Run for the next write while hurrying (hurryOn)
 }
 
 // New returns a Janitor; its metrics are registered with reg.
@@ -138,7 +143,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
 		opts.BackoffMax = 5 * time.Second
 	}
 	opts.BackoffMax = max(opts.BackoffMax, opts.BackoffMin)
-	j := &Janitor{opts: opts, log: log, wake: make(chan struct{}, 1), stopping: make(chan struct{})}
+	j := &Janitor{opts: opts, log: log, wake: make(chan struct{}, 1), dbShuttingDown: make(chan struct{})}
 	j.metrics = newMetrics(reg, opts.Slot, func() float64 {
 		if since, _ := j.Failing(); !since.IsZero() {
 			return time.Since(since).Seconds()
@@ -151,7 +156,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
 // Failing reports since when the writes have failed with no success in
 // between, and the last failure; a zero time while they succeed or nothing
 // waits to be written. The relay's status says so after a while: the slot
-// cannot pass the unmarked events (invariant 10).
+// cannot pass the unmarked events (invariant 10, docs/architecture.md).
 // Marks written but waiting for a standby (stalled) hold the slot back as
 // well, and are reported the same way, with a *WaitError, while no write
 // fails.
@@ -195,14 +200,14 @@ func (j *Janitor) failing(err error) {
 	}
 }
 
-// Mark queues the row of an acknowledged event to be marked published_at;
+// mark queues the row of an acknowledged event to be marked published_at;
 // done is called from Run once that is durable (or the row is gone). xid
 // is the event's transaction (0 when unknown): a row that cannot be found
 // while that transaction is not yet visible to other sessions (its commit
 // waits for a synchronous standby) is waited for, never counted as gone.
-// Mark waits while MaxPending marks are queued, until there is room or ctx
+// mark waits while MaxPending marks are queued, until there is room or ctx
 // ends; it then returns ctx's error and done is never called.
-func (j *Janitor) Mark(ctx context.Context, id string, xid uint32, done func()) error {
+func (j *Janitor) mark(ctx context.Context, id string, xid uint32, done func()) error {
 	full := false
 	err := j.enqueue(ctx, func() bool { return len(j.pending)+j.held < j.opts.MaxPending }, func() {
 		j.pending = append(j.pending, entry{id: id, xid: xid, done: done})
@@ -214,11 +219,11 @@ func (j *Janitor) Mark(ctx context.Context, id string, xid uint32, done func()) 
 	return err
 }
 
-// Park queues a poison event's row to get attempts+1 and last_error (it
+// park queues a poison event's row to get attempts+1 and last_error (it
 // stays unpublished); done is called once that is recorded, or once
 // recording turned out impossible (no grant or no such column). It waits
-// like Mark while maxParked events are queued.
-func (j *Janitor) Park(ctx context.Context, id, reason string, done func()) error {
+// like mark while maxParked events are queued.
+func (j *Janitor) park(ctx context.Context, id, reason string, done func()) error {
 	err := j.enqueue(ctx, func() bool { return len(j.parked) < maxParked }, func() {
 		j.parked = append(j.parked, parked{id: id, reason: reason, done: done})
 	})
@@ -284,6 +289,11 @@ func (j *Janitor) Run(ctx context.Context) error {
 	defer j.flushOnExit()
 	tick := time.NewTicker(j.opts.MarkInterval)
 	defer tick.Stop()
+	defer func() {
+		if j.again != nil {
+			j.again.Stop()
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -297,6 +307,7 @@ func (j *Janitor) Run(ctx context.Context) error {
 
 // turn writes the queued work if there is any and the backoff allows.
 func (j *Janitor) turn(ctx context.Context) {
+	defer j.hurryOn()
 	now := time.Now()
 	if j.Pending() == 0 {
 		j.failing(nil) // nothing waits: nothing fails
@@ -323,7 +334,7 @@ func (j *Janitor) turn(ctx context.Context) {
 	}
 	j.failing(j.explainDenied(err))
 	if down {
-		j.stopped()
+		j.databaseShuttingDown()
 	}
 	j.backoff = nextBackoff(j.backoff, j.opts.BackoffMin, j.opts.BackoffMax)
 	wait := jitter(j.backoff)

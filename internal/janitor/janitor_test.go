@@ -20,7 +20,7 @@ func newTest(batch int) *Janitor {
 
 func mustMark(t *testing.T, j *Janitor, id string, done func()) {
 	t.Helper()
-	if err := j.Mark(context.Background(), id, 0, done); err != nil {
+	if err := j.mark(context.Background(), id, 0, done); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -98,7 +98,7 @@ func TestMarkTakeLimit(t *testing.T) {
 
 func TestParkQueue(t *testing.T) {
 	j := newTest(10)
-	if err := j.Park(context.Background(), "x", "bad json", nop); err != nil {
+	if err := j.park(context.Background(), "x", "bad json", nop); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -165,14 +165,14 @@ func TestMarkWaitsForRoom(t *testing.T) {
 	mustMark(t, j, "b", nop)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if err := j.Mark(ctx, "c", 0, nop); !errors.Is(err, context.DeadlineExceeded) {
+	if err := j.mark(ctx, "c", 0, nop); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Mark at the bound: %v, want it to wait until the context ends", err)
 	}
 	if j.Pending() != 2 {
 		t.Fatalf("pending %d after a refused Mark, want 2 (nothing dropped)", j.Pending())
 	}
 	entered := make(chan error, 1)
-	go func() { entered <- j.Mark(context.Background(), "c", 0, nop) }()
+	go func() { entered <- j.mark(context.Background(), "c", 0, nop) }()
 	select {
 	case err := <-entered:
 		t.Fatalf("Mark returned (%v) without room", err)

@@ -9,28 +9,28 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
-// Stopping returns a channel that is closed the next time a write fails
+// DatabaseShuttingDown returns a channel that is closed the next time a write fails
 // because the database is shutting down. A logical walsender exits only
 // once its client has confirmed all the WAL sent to it, and the relay
 // withholds that while acked rows are unmarked (invariant 10,
-// docs/reliability.md): the streaming session watches this channel and
+// docs/architecture.md): the streaming session watches this channel and
 // ends, so that the server's shutdown can complete. A caller gets the
 // channel of failures still to come: one that happened before the call is
 // not reported again (it concerned an earlier session; while the database
 // stays down the next retry reports it anew).
-func (j *Janitor) Stopping() <-chan struct{} {
+func (j *Janitor) DatabaseShuttingDown() <-chan struct{} {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.stopping
+	return j.dbShuttingDown
 }
 
-// stopped tells the current watchers that the database is shutting down
+// databaseShuttingDown tells the current watchers that the database is shutting down
 // and arms a fresh channel for later ones.
-func (j *Janitor) stopped() {
+func (j *Janitor) databaseShuttingDown() {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	close(j.stopping)
-	j.stopping = make(chan struct{})
+	close(j.dbShuttingDown)
+	j.dbShuttingDown = make(chan struct{})
 }
 
 // ShuttingDown reports whether err says that the database is shutting down

@@ -152,7 +152,7 @@ func stoppingRun(t *testing.T, url string, want bool) {
 		DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id", MarkBatch: 10,
 		MarkInterval: 10 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: backoff,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	stopping := j.Stopping()
+	dbShuttingDown := j.DatabaseShuttingDown()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = j.Run(ctx) }()
@@ -160,11 +160,11 @@ func stoppingRun(t *testing.T, url string, want bool) {
 	var marked atomic.Bool
 	mustMark(t, j, "a", func() { marked.Store(true) })
 	select {
-	case <-stopping:
+	case <-dbShuttingDown:
 		if !want {
 			t.Fatal("Stopping closed for a failure that is not a shutdown")
 		}
-		if again := j.Stopping(); again == stopping {
+		if again := j.DatabaseShuttingDown(); again == dbShuttingDown {
 			t.Fatal("no fresh channel armed after the signal")
 		}
 	case <-time.After(wait):

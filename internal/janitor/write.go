@@ -276,7 +276,7 @@ func (j *Janitor) flushParked(ctx context.Context) error {
 	j.parked = nil
 	j.mu.Unlock()
 	for i, p := range todo {
-		if err := j.park(ctx, p); err != nil {
+		if err := j.recordParked(ctx, p); err != nil {
 			j.mu.Lock()
 			j.parked = append(todo[i:], j.parked...)
 			j.mu.Unlock()
@@ -289,7 +289,7 @@ func (j *Janitor) flushParked(ctx context.Context) error {
 	return nil
 }
 
-func (j *Janitor) park(ctx context.Context, p parked) error {
+func (j *Janitor) recordParked(ctx context.Context, p parked) error {
 	if err := j.statements(ctx); err != nil {
 		return err
 	}

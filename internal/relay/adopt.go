@@ -31,12 +31,8 @@ func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgCon
 	if err != nil {
 		return 0, err
 	}
-	r.adopting.Store(true)
 	r.metrics.backfilling.Set(1)
-	defer func() {
-		r.adopting.Store(false)
-		r.metrics.backfilling.Set(0)
-	}()
+	defer r.metrics.backfilling.Set(0)
 	// A new slot is a new stream: nothing remembered of the old one applies.
 	r.resume.Forget()
 	r.log.Info("created replication slot; publishing the rows committed before it", "consistent_point", created.ConsistentPoint)
@@ -49,13 +45,12 @@ func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgCon
 	// write (invariant 5, docs/architecture.md); it starts again next time.
 	defer context.AfterFunc(ctx, link.Abort)()
 	g, gctx := errgroup.WithContext(ctx)
-	backlogAcks := newAcks(gctx, seq, r.outcomes)
 	// Each confirm counts at once, so the counter shows the adoption's progress.
 	r.metrics.backfillRows.Set(0)
 	r.metrics.backfillDone.Set(0)
-	backlogAcks.count = []interface{ Inc() }{r.metrics.backfilled, r.metrics.backfillDone}
-	budget := r.budget()
-	publisher := publish.NewPublisher(link, events, backlogAcks, budget, r.publisherConfig())
+	marks := r.janitor.Session(gctx, seq, r.metrics.backfilled, r.metrics.backfillDone)
+	budget := r.newBudget()
+	publisher := publish.NewPublisher(link, events, marks, budget, r.publisherConfig())
 	g.Go(func() error {
 		var err error
 		// The exported snapshot is the slot server's: a standby's cannot
@@ -73,9 +68,9 @@ func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgCon
 		return 0, fmt.Errorf("publish backlog: %w", err)
 	}
 	// The backlog's rows are behind the slot's consistent point: they must
-	// be marked before the adoption ends (invariant 10).
-	if backlogAcks.wait(ctx); ctx.Err() != nil {
-		return 0, ctx.Err()
+	// be marked before the adoption ends (invariant 10, docs/architecture.md).
+	if err := marks.Wait(ctx); err != nil {
+		return 0, err
 	}
 	if err := slot.EndAdoption(ctx, sdb, r.cfg.Slot); err != nil {
 		return 0, err

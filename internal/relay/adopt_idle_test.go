@@ -28,7 +28,7 @@ func TestIntegrationAdoptionOutlivesIdleTimeout(t *testing.T) {
 	r := e.startRelay(map[string]string{
 		"AMQP_URL": "amqp://guest:guest@" + proxy.Addr() + "/", "MAX_IN_FLIGHT": "10", "MAX_IN_FLIGHT_BYTES": "1KiB",
 	})
-	r.WaitFor(t, 30*time.Second, "the adoption", r.relay.Adopting)
+	r.WaitFor(t, 30*time.Second, "the adoption", func() bool { return gauge(t, r.reg, "cdcrelay_backfill_running") == 1 })
 	proxy.HoldUpstream(true)
 	time.Sleep(2 * time.Second) // four times the role's idle timeout
 	proxy.HoldUpstream(false)

@@ -9,13 +9,13 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
-// budget is a session's byte budget (CDCRELAY_MAX_IN_FLIGHT_BYTES): one
+// newBudget is a session's byte budget (CDCRELAY_MAX_IN_FLIGHT_BYTES): one
 // bound on the bytes of every event between the WAL and the broker,
 // decoded and waiting or published and unconfirmed (invariant 6,
-// docs/reliability.md). The producer of the publisher's input takes an
+// docs/architecture.md). The producer of the publisher's input takes an
 // event's weight before sending it; the publisher gives it back once the
 // event's confirm or park is handled. A session's budget dies with it.
-func (r *Relay) budget() *meteredBudget {
+func (r *Relay) newBudget() *meteredBudget {
 	b := &meteredBudget{w: semaphore.NewWeighted(int64(r.cfg.MaxInFlightBytes))}
 	r.inFlight.Store(b) // the gauge follows the newest session's
 	return b

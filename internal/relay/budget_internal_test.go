@@ -15,7 +15,7 @@ func TestMeteredBudget(t *testing.T) {
 	if got := r.inFlightBytes(); got != 0 {
 		t.Fatalf("before a session: %v", got)
 	}
-	b := r.budget()
+	b := r.newBudget()
 	if err := b.Acquire(context.Background(), 60); err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func TestMeteredBudget(t *testing.T) {
 	}
 	// A new session's budget replaces the failed one's, which still holds
 	// its 30 (they die with it).
-	next := r.budget()
+	next := r.newBudget()
 	if got := r.inFlightBytes(); got != 0 {
 		t.Fatalf("new session: %v, want 0", got)
 	}

@@ -37,7 +37,7 @@ const degradedAfter = 20 * time.Second
 
 // degraded says why a streaming relay does not do its whole job, "" when
 // it does: its marks fail, or wait for a standby, so the slot cannot pass
-// the events they are for (invariant 10) and WAL piles up while the events
+// the events they are for (invariant 10, docs/architecture.md) and WAL piles up while the events
 // still flow. Readiness stays: a restart would not help.
 func (r *Relay) degraded() string {
 	since, err := r.marksTrouble()
@@ -81,12 +81,6 @@ func (r *Relay) statusLine(msg string, most int) string {
 	}
 	return msg
 }
-
-// Owner reports whether this relay holds the slot lock now: it is the one
-// relay working on the slot, whether creating it, publishing its snapshot
-// backlog or streaming (Streaming is only the last). Stages that should
-// run on exactly one replica, also during an adoption, can follow it.
-func (r *Relay) Owner() bool { return r.owner.Load() }
 
 // When slot creation has waited this long the relay says for what, and
 // then again every createReportEvery.

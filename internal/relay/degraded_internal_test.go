@@ -10,13 +10,21 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/janitor"
 )
 
+// fakeMarksHealth reports what its fields say.
+type fakeMarksHealth struct {
+	failSince time.Time
+	failErr   error
+}
+
+func (f *fakeMarksHealth) Failing() (time.Time, error) { return f.failSince, f.failErr }
+
 // TestStatusDegraded: a streaming relay whose marks have failed for
 // degradedAfter says so, with the cause (scrubbed, one line), and stops
 // saying it once they succeed; a standby, whose janitor writes nothing,
 // and a short failure do not.
 func TestStatusDegraded(t *testing.T) {
-	m := &marksFakeMarker{}
-	r := &Relay{cfg: config.Config{DatabaseURL: "postgres://relay:s3cr3t@db/app"}, outcomes: m}
+	m := &fakeMarksHealth{}
+	r := &Relay{cfg: config.Config{DatabaseURL: "postgres://relay:s3cr3t@db/app"}, marks: m}
 	r.role.Store(int32(RoleStreaming))
 	if got := r.Status(); got != "streaming" {
 		t.Fatalf("healthy: %q", got)
@@ -56,8 +64,8 @@ func TestStatusDegraded(t *testing.T) {
 // TestReason: cdcrelay_status's label follows the same state as Status,
 // one reason at a time, the marks first while streaming.
 func TestReason(t *testing.T) {
-	m := &marksFakeMarker{}
-	r := &Relay{cfg: config.Config{}, outcomes: m}
+	m := &fakeMarksHealth{}
+	r := &Relay{cfg: config.Config{}, marks: m}
 	steps := []struct {
 		name string
 		set  func()

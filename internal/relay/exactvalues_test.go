@@ -19,7 +19,7 @@ import (
 )
 
 // This file: the same row gives the same message on the backfill and the
-// stream paths, with its values exactly as stored (architecture invariant 12;
+// stream paths, with its values exactly as stored (invariant 12, docs/architecture.md;
 // docs/messages.md, "Header values").
 
 // exactRow is a row inserted once before the relay adopts the slot

@@ -176,7 +176,7 @@ func failoverUnderLoad(t *testing.T, freeze bool) {
 	r := relaytest.Start(t, relaytest.Config(t, relaytest.Vars(relayURL, e.amqpURL, e.exchange, map[string]string{
 		"SLOT": failoverSlot, "BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s",
 		"MARK_INTERVAL": "50ms", "LOG_LEVEL": "debug",
-	})), relaytest.InProcessOptions{Service: true, LogTo: testWriter{t}})
+	})), relaytest.InProcessOptions{LogTo: testWriter{t}})
 	t.Cleanup(func() { _ = r.Stop() })
 	r.WaitStreaming(t)
 

@@ -101,7 +101,7 @@ type running struct {
 // startRelay runs the service in this process until the test ends or stop.
 func (e *env) startRelay(extra map[string]string) *running {
 	e.t.Helper()
-	p := relaytest.Start(e.t, e.config(extra), relaytest.InProcessOptions{Service: true, Level: slog.LevelDebug, LogTo: testWriter{e.t}})
+	p := relaytest.Start(e.t, e.config(extra), relaytest.InProcessOptions{Level: slog.LevelDebug, LogTo: testWriter{e.t}})
 	run := &running{InProcess: p, relay: p.Relay, reg: p.Reg, logs: p.Logs}
 	e.t.Cleanup(func() { _ = run.stop(e.t) })
 	return run

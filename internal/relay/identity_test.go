@@ -199,7 +199,7 @@ func TestIntegrationOutboxRenamedOrMovedMidStream(t *testing.T) {
 			delivered := time.Since(began)
 			report(t, append(before, after...), e.consumer.Deliveries())
 			// Their rows cannot be marked under the configured name, so the
-			// slot must stay before them (invariant 10): the next session,
+			// slot must stay before them (invariant 10, docs/architecture.md): the next session,
 			// under the new name, publishes and marks them again.
 			time.Sleep(time.Second)
 			if got := testenv.ConfirmedFlush(t, e.db, slotName); got >= committed {

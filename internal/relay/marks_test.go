@@ -15,7 +15,7 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
-// Tests of invariant 10 (docs/architecture.md): the slot's confirmed
+// Tests of invariant 10, docs/architecture.md: the slot's confirmed
 // position never passes an event whose row is not marked published_at, or
 // parked, or gone.
 

@@ -11,6 +11,9 @@ type metrics struct {
 	backfilled      prometheus.Counter
 	// backfilling is 1 while a new slot's backlog is published.
 	backfilling prometheus.Gauge
+	// lockHeld is 1 while this relay holds the slot lock: creating the
+	// slot, publishing its backlog or streaming.
+	lockHeld prometheus.Gauge
 	// backfillRows is how many rows the last backfill set out to publish,
 	// backfillDone how many of them are confirmed.
 	backfillRows, backfillDone prometheus.Gauge
@@ -62,6 +65,10 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 			Name: "cdcrelay_backfill_running", Help: "1 while this relay publishes a new slot's backlog from its snapshot (adoption or recreation); with cdcrelay_backfill_events_total and cdcrelay_outbox_unpublished, the progress and what is left.",
 			ConstLabels: prometheus.Labels{"slot": slotName},
 		}),
+		lockHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cdcrelay_slot_lock_held", Help: "1 while this relay holds the slot lock: it is the one replica working on the slot, creating it, publishing its backlog or streaming (cdcrelay_role says streaming only for the last).",
+			ConstLabels: prometheus.Labels{"slot": slotName},
+		}),
 		timeline: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name:        "cdcrelay_postgres_timeline",
 			Help:        "Timeline of the PostgreSQL server the replication connection reached last; it changes when a standby is promoted.",
@@ -81,7 +88,7 @@ func newMetrics(reg prometheus.Registerer, slotName string) *metrics {
 		m.connectFailures.WithLabelValues(side)
 		m.reconnects.WithLabelValues(side)
 	}
-	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.brokerNodeSwitches, m.slotLost, m.backfilled, m.backfilling, m.backfillRows, m.backfillDone, m.role, m.timeline)
+	reg.MustRegister(m.restarts, m.connectFailures, m.reconnects, m.brokerNodeSwitches, m.slotLost, m.backfilled, m.backfilling, m.backfillRows, m.backfillDone, m.lockHeld, m.role, m.timeline)
 	return m
 }
 

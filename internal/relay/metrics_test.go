@@ -114,6 +114,7 @@ func TestIntegrationMetricsUnderLoad(t *testing.T) {
 		"cdcrelay_max_in_flight_events":         func(v float64) bool { return v == 1000 },
 		"cdcrelay_max_in_flight_bytes":          func(v float64) bool { return v == 16<<20 },
 		"cdcrelay_backfill_running" + slot:      func(v float64) bool { return v == 0 },
+		"cdcrelay_slot_lock_held" + slot:        func(v float64) bool { return v == 1 },
 		"cdcrelay_backfill_rows" + slot:         func(v float64) bool { return v == 0 },
 		"cdcrelay_in_flight_bytes":              func(v float64) bool { return v == 0 },
 		"cdcrelay_marks_failing_seconds" + slot: func(v float64) bool { return v == 0 },

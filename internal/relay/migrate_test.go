@@ -65,8 +65,8 @@ func TestIntegrationMigrate(t *testing.T) {
 
 // TestIntegrationPublicationBeforeSlot: on a database with the outbox
 // table but neither publication nor slot, a relay whose role may create the
-// publication creates it first, then the slot, and streams (docs/architecture.md
-// invariant 7: decoding a slot whose publication is missing fails).
+// publication creates it first, then the slot, and streams (invariant 7,
+// docs/architecture.md: decoding a slot whose publication is missing fails).
 func TestIntegrationPublicationBeforeSlot(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	ctx := context.Background()

@@ -17,7 +17,7 @@ import (
 )
 
 // This file: a broker that says no to some messages (docs/messages.md,
-// "When the broker refuses a message"; invariants 3 and 11).
+// "When the broker refuses a message"; invariants 3 and 11, docs/architecture.md).
 
 // slowQueue is a queue bound to the relay's exchange with a length limit
 // that refuses publishes when full (x-overflow=reject-publish), drained by a

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -22,20 +23,10 @@ import (
 // against the session's byte budget with those in flight (budget).
 const eventBuffer = 256
 
-// Outcomes records the fate of events on their rows (the janitor's
-// published_at marking, not the slot's watermark): Mark for acknowledged
-// ones, Park for poison ones. It calls done once the row is
-// marked, parked or found gone; only then does the slot's watermark learn
-// of the event, so the slot never passes an unmarked row (invariant 10,
-// docs/reliability.md). Mark and Park may wait for room until ctx ends
-// (back-pressure on the confirm loop); then done is never called. Flush
-// asks for the queued work to be written now.
-type Outcomes interface {
-	Mark(ctx context.Context, id string, xid uint32, done func()) error
-	Park(ctx context.Context, id, reason string, done func()) error
-	Flush()
-	// Failing reports since when writing the outcomes has failed, and why
-	// (a zero time while it succeeds): the status says so (degraded).
+// marksHealth is what the status reads of the janitor: since when writing
+// the marks has failed (or waited for a standby), and why; a zero time
+// while they succeed. Narrow so the status is tested without a database.
+type marksHealth interface {
 	Failing() (since time.Time, err error)
 }
 
@@ -55,18 +46,21 @@ func (r Role) String() string {
 
 // Relay moves outbox events from the slot to the broker until its context
 // ends. Each session connects both sides afresh and starts from the slot's
-// confirmed position; a failure discards the whole session (docs/architecture.md
-// invariant 3).
+// confirmed position; a failure discards the whole session (invariant 3,
+// docs/architecture.md).
 type Relay struct {
-	cfg      config.Config
-	mapping  wal.Mapping
-	target   slot.Target
-	poison   publish.PoisonPolicy
-	outcomes Outcomes
-	log      *slog.Logger
-	metrics  *metrics
-	walM     *wal.Metrics
-	pubM     *publish.Metrics
+	cfg     config.Config
+	mapping wal.Mapping
+	target  slot.Target
+	poison  publish.PoisonPolicy
+	// janitor records every acknowledged or parked event on its row; a
+	// session's watermark learns of the event only then (invariant 10, docs/architecture.md).
+	janitor *janitor.Janitor
+	marks   marksHealth // the janitor, as the status sees it
+	log     *slog.Logger
+	metrics *metrics
+	walM    *wal.Metrics
+	pubM    *publish.Metrics
 	// refused outlives sessions: events the client library could not
 	// encode, parked by the next session instead of published again.
 	refused *publish.Refusals
@@ -93,10 +87,8 @@ type Relay struct {
 	role     atomic.Int32
 	inFlight atomic.Pointer[meteredBudget] // the newest session's byte budget
 	alive    atomic.Int64                  // unix nanos of the reader's last turn (touch)
-	adopting atomic.Bool                   // a new slot's backlog is being published
 	detail   atomic.Pointer[detail]        // what the relay waits for beyond its role (Status, Reason)
 	lockPID  atomic.Uint32                 // backend pid of the last session's slot lock connection
-	owner    atomic.Bool                   // the session holds the slot lock (see Owner)
 	broker   brokerNodes                   // the node the next session dials first (connect.go)
 }
 
@@ -116,10 +108,10 @@ func (r *Relay) Healthy() error {
 	return nil
 }
 
-// New builds a relay from a validated configuration. outcomes, if not
-// nil, records the fate of every acknowledged or parked event on its row.
+// newRelay builds a relay from a validated configuration; jan records
+// the fate of every acknowledged or parked event on its row (NewService).
 // A nil log discards; a nil reg registers the metrics nowhere.
-func New(cfg config.Config, outcomes Outcomes, log *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
+func newRelay(cfg config.Config, jan *janitor.Janitor, log *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
 	schema, table, err := config.SplitTable(cfg.Table)
 	if err != nil {
 		return nil, err
@@ -139,16 +131,16 @@ func New(cfg config.Config, outcomes Outcomes, log *slog.Logger, reg prometheus.
 			Headers: cfg.HeadersColumn, Exchange: cfg.ExchangeColumn, MessageType: cfg.TypeColumn,
 			MaxMessageBytes: int64(cfg.MaxMessageBytes),
 		},
-		target:   slot.Target{Publication: cfg.Publication, Slot: cfg.Slot, Schema: schema, Table: table},
-		poison:   map[string]publish.PoisonPolicy{config.PoisonPark: publish.Park, config.PoisonStop: publish.Stop}[cfg.Poison],
-		outcomes: outcomes,
-		log:      log,
-		metrics:  newMetrics(reg, cfg.Slot),
-		walM:     wal.NewMetrics(reg, cfg.Slot),
-		pubM:     publish.NewMetrics(reg, cfg.Slot),
-		refused:  &publish.Refusals{},
-		resume:   &publish.Resume{},
-		unknown:  make(map[uint32]string),
+		target:  slot.Target{Publication: cfg.Publication, Slot: cfg.Slot, Schema: schema, Table: table},
+		poison:  map[string]publish.PoisonPolicy{config.PoisonPark: publish.Park, config.PoisonStop: publish.Stop}[cfg.Poison],
+		janitor: jan, marks: jan,
+		log:     log,
+		metrics: newMetrics(reg, cfg.Slot),
+		walM:    wal.NewMetrics(reg, cfg.Slot),
+		pubM:    publish.NewMetrics(reg, cfg.Slot),
+		refused: &publish.Refusals{},
+		resume:  &publish.Resume{},
+		unknown: make(map[uint32]string),
 		unroutable: map[string]publish.UnroutablePolicy{
 			config.UnroutableStall: publish.StallUnroutable, config.UnroutablePark: publish.ParkUnroutable,
 		}[cfg.Unroutable],
@@ -167,10 +159,6 @@ func (r *Relay) Role() Role { return Role(r.role.Load()) }
 
 // Streaming reports whether a session is streaming now.
 func (r *Relay) Streaming() bool { return r.Role() == RoleStreaming }
-
-// Adopting reports whether this relay holds a new slot and publishes the
-// rows committed before it (adoption or slot recreation).
-func (r *Relay) Adopting() bool { return r.adopting.Load() }
 
 func (r *Relay) setRole(role Role) {
 	if Role(r.role.Swap(int32(role))) != role {

@@ -132,7 +132,7 @@ func TestIntegrationInsertedWhileDown(t *testing.T) {
 }
 
 // TestIntegrationIdleSlotAdvances: with nothing in flight and writes only to
-// another table, keepalives move the slot (docs/architecture.md invariant 2).
+// another table, keepalives move the slot (invariant 2, docs/architecture.md).
 func TestIntegrationIdleSlotAdvances(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	ctx := context.Background()

@@ -103,7 +103,7 @@ func TestIntegrationAdoptionProgress(t *testing.T) {
 	var progress, monitored bool
 	var sample float64
 	r.WaitFor(t, 3*time.Minute, "streaming after the adoption", func() bool {
-		if r.relay.Adopting() {
+		if gauge(t, r.reg, "cdcrelay_backfill_running") == 1 {
 			n := gauge(t, r.reg, "cdcrelay_backfill_events_total")
 			if n > 0 && n < backlog {
 				progress, sample = true, n

@@ -31,15 +31,15 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 	if err != nil {
 		return nil, err
 	}
-	// Built in dependency order: the relay records outcomes through the
-	// janitor, and retention follows the relay's role.
+	// Built in dependency order: the relay records each event's fate
+	// through the janitor, and retention follows the relay's role.
 	jan := janitor.New(janitor.Options{
 		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL, Origin: originName(cfg, "marks"), Slot: cfg.Slot,
 		Schema: schema, Table: table, IDColumn: cfg.IDColumn,
 		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
 		BackoffMin: cfg.MarkInterval, BackoffMax: min(cfg.BackoffMax, 5*time.Second),
 	}, log.With("stage", "janitor"), reg)
-	rel, err := New(cfg, jan, log, reg)
+	rel, err := newRelay(cfg, jan, log, reg)
 	if err != nil {
 		return nil, err
 	}

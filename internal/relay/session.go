@@ -42,8 +42,8 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	if err := r.acquire(ctx, lock); err != nil {
 		return err
 	}
-	r.owner.Store(true)
-	defer r.owner.Store(false)
+	r.metrics.lockHeld.Set(1)
+	defer r.metrics.lockHeld.Set(0)
 	r.resume.Begin(time.Now()) // careful for a while if the last session ended on a refusal
 	// The lock's connection stays idle from here on; losing it ends the
 	// session at once: work is cancelled and the replication socket closed.

@@ -89,7 +89,7 @@ func shutdownWaitExit(t *testing.T, p *testenv.Process, stopped time.Time, withi
 	}
 }
 
-// TestIntegrationStopWhileBrokerBlocksAFullSocket (invariant 5): the
+// TestIntegrationStopWhileBrokerBlocksAFullSocket (invariant 5, docs/architecture.md): the
 // broker raises a memory alarm and stops reading the relay's connection
 // while the in-flight window (128 MiB) holds more than the socket buffers
 // can: a publish blocks in the socket write, holding amqp091-go's locks.

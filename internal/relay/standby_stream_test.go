@@ -66,7 +66,7 @@ func (w *standbyWorld) start(t *testing.T, extra map[string]string) *relaytest.I
 		vars[k] = v
 	}
 	r := relaytest.Start(t, relaytest.Config(t, relaytest.Vars(w.relayURL, w.amqpURL, w.exchange, vars)),
-		relaytest.InProcessOptions{Service: true, LogTo: testWriter{t}})
+		relaytest.InProcessOptions{LogTo: testWriter{t}})
 	t.Cleanup(func() { _ = r.Stop() })
 	r.WaitFor(t, 60*time.Second, "streaming", r.Relay.Streaming)
 	return r

@@ -71,10 +71,7 @@ func (r *Relay) Reason() Reason {
 // failed, or waited for a standby (a janitor.WaitError), for
 // degradedAfter or longer; a nil error otherwise.
 func (r *Relay) marksTrouble() (since time.Time, err error) {
-	if r.outcomes == nil {
-		return time.Time{}, nil
-	}
-	since, err = r.outcomes.Failing()
+	since, err = r.marks.Failing()
 	if since.IsZero() || time.Since(since) < degradedAfter || err == nil {
 		return time.Time{}, nil
 	}

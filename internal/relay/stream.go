@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -28,18 +29,18 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 
 	watermark := slot.NewWatermark(start)
 	events := make(chan wal.Event, eventBuffer)
-	budget := r.budget()
+	budget := r.newBudget()
 	// A confirm loop waiting for room among unwritten marks must end with
 	// the session, whichever side fails: hence gctx, not hard.
 	g, gctx := errgroup.WithContext(hard)
-	sessionAcks := newAcks(gctx, watermark, r.outcomes)
-	publisher := publish.NewPublisher(link, events, sessionAcks, budget, r.publisherConfig())
+	marks := r.janitor.Session(gctx, watermark)
+	publisher := publish.NewPublisher(link, events, marks, budget, r.publisherConfig())
 	// ctx ending is the soft stop; hard is the Run context, the hard one.
 	reader := wal.NewReader(repl, wal.ReaderConfig{
 		Decoder: wal.NewDecoder(r.mapping), Positions: watermark, Out: events,
 		Budget: budget, BudgetBytes: int64(r.cfg.MaxInFlightBytes),
 		StatusInterval: interval, Timeout: 3 * interval,
-		SoftStop: ctx.Done(), Drained: sessionAcks.settled(gctx, publisher.Drained()),
+		SoftStop: ctx.Done(), Settled: marks.Settled(publisher.Drained()),
 		Turned: r.touch, Log: r.log, Metrics: r.walM,
 	})
 	r.log.Info("streaming", "from", start, "status_interval", interval)
@@ -47,17 +48,17 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	r.setRole(RoleStreaming)
 	r.clearDetail()
 
-	stopping, readerDone := outcomesStopping(r.outcomes), make(chan struct{})
+	dbShuttingDown, readerDone := r.janitor.DatabaseShuttingDown(), make(chan struct{})
 	g.Go(func() error { defer close(readerDone); return reader.Run(gctx) })
 	g.Go(func() error { return publisher.Run(gctx) })
-	g.Go(func() error { return watchStopping(gctx, stopping, readerDone) })
+	g.Go(func() error { return watchDatabaseShutdown(gctx, dbShuttingDown, readerDone) })
 	err := g.Wait()
 	if ctx.Err() != nil {
 		r.log.Info("stopped", "confirmed", reader.Sent(), "unconfirmed_events", watermark.Pending())
 		return err
 	}
 	if err != nil {
-		r.windDown(ctx, err, watermark, sessionAcks, reader, publisher)
+		r.windDown(ctx, err, watermark, marks, reader, publisher)
 	}
 	return err
 }
@@ -71,11 +72,11 @@ const windDownWait = 2 * time.Second
 // acknowledge, hands the next session what it needs to skip and where to
 // go carefully (publish.Resume), and reports the position those marks
 // allow. Without it a broker that refuses one message would make every
-// session publish the same acknowledged events again (invariant 11).
-func (r *Relay) windDown(ctx context.Context, err error, watermark *slot.Watermark, a acks, reader *wal.Reader, publisher *publish.Publisher) {
+// session publish the same acknowledged events again (invariant 11, docs/architecture.md).
+func (r *Relay) windDown(ctx context.Context, err error, watermark *slot.Watermark, marks *janitor.Session, reader *wal.Reader, publisher *publish.Publisher) {
 	wctx, cancel := context.WithTimeout(ctx, windDownWait)
 	defer cancel()
-	a.wait(wctx)
+	_ = marks.Wait(wctx) // what is not marked by then is published again: harmless
 	if at, id, ok := watermark.Done(); ok {
 		r.resume.Done(at, id)
 	}

@@ -23,6 +23,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/janitor"
+	"github.com/cdcrelay/cdcrelay/internal/publish"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
@@ -128,6 +130,10 @@ func startMarking(t *testing.T, url string) *marking {
 		MarkInterval: 100 * time.Millisecond, MarkBatch: 500}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	jbg := testenv.Go(j.Run)
 	ctx, cancel := context.WithCancel(context.Background())
+	// The janitor acks the events' sequence numbers on this watermark once
+	// their rows are marked, as it does a streaming session's.
+	positions := slot.NewWatermark(0)
+	session := j.Session(ctx, positions)
 	db, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -142,9 +148,7 @@ func startMarking(t *testing.T, url string) *marking {
 				return
 			}
 			start := time.Now()
-			if err := j.Mark(ctx, id, 0, func() {}); err != nil {
-				return
-			}
+			session.Ack(publish.Ref{Seq: positions.NextSeq(), ID: id})
 			for ctx.Err() == nil {
 				var marked bool
 				if err := db.QueryRow(ctx, `SELECT published_at IS NOT NULL FROM event_outbox WHERE id = $1::uuid`, id).Scan(&marked); err != nil {

@@ -28,7 +28,7 @@ const (
 )
 
 // Sequencer assigns the events' sequence numbers (slot.Watermark does).
-type Sequencer interface{ Event() uint64 }
+type Sequencer interface{ NextSeq() uint64 }
 
 // Backfill reads every row with published_at IS NULL from the slot's
 // exported snapshot, oldest first, and sends each to out as an event. The
@@ -82,7 +82,7 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 	n, count := 0, backfillFirstFetch
 	at := SnapshotLSN(c.ConsistentPoint)
 	send := func(ev wal.Event) error {
-		ev.Seq, ev.CommitLSN, ev.Index = seq.Event(), at, n
+		ev.Seq, ev.CommitLSN, ev.Index = seq.NextSeq(), at, n
 		select {
 		case out <- ev:
 			n++
@@ -281,5 +281,5 @@ ORDER BY %s`,
 // starts exactly at the consistent point. No WAL record starts there (a
 // record is at least 24 bytes long and the one before ends at the
 // consistent point), so no streamed transaction has it as its commit LSN
-// (docs/messages.md, invariant 12).
+// (invariant 12, docs/architecture.md; docs/messages.md).
 func SnapshotLSN(consistentPoint pglogrepl.LSN) pglogrepl.LSN { return consistentPoint - 1 }

@@ -130,7 +130,7 @@ func backfillBenchSampleHeap(peak *atomic.Uint64) func() {
 
 type backfillBenchSeq struct{ n uint64 }
 
-func (s *backfillBenchSeq) Event() uint64 { s.n++; return s.n }
+func (s *backfillBenchSeq) NextSeq() uint64 { s.n++; return s.n }
 
 func backfillBenchConnect(b *testing.B, url string) *pgx.Conn {
 	b.Helper()

@@ -68,7 +68,7 @@ func TestNextFetchBoundsBytes(t *testing.T) {
 
 type backfillTestSeq struct{ n uint64 }
 
-func (s *backfillTestSeq) Event() uint64 { s.n++; return s.n }
+func (s *backfillTestSeq) NextSeq() uint64 { s.n++; return s.n }
 
 // TestIntegrationBackfillByBytes runs Backfill against a real snapshot of
 // a backlog of small rows, 120 KiB rows, a row whose payload is above

@@ -22,7 +22,7 @@ func BenchmarkWatermark(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			w.Begin()
-			seq := w.Event()
+			seq := w.NextSeq()
 			lsn += 0x100
 			w.Commit(lsn)
 			w.Ack(seq)
@@ -39,7 +39,7 @@ func BenchmarkWatermark(b *testing.B) {
 			if k == 0 {
 				w.Begin()
 			}
-			seqs[k] = w.Event()
+			seqs[k] = w.NextSeq()
 			if k == 9 {
 				lsn += 0x1000
 				w.Commit(lsn)
@@ -58,7 +58,7 @@ func BenchmarkWatermark(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			w.Begin()
-			seqs = append(seqs, w.Event())
+			seqs = append(seqs, w.NextSeq())
 			lsn += 0x100
 			w.Commit(lsn)
 			if len(seqs) == window {

@@ -159,7 +159,7 @@ type Created struct {
 
 // Create makes the permanent pgoutput slot on the replication connection,
 // exporting its snapshot so the rows committed before it can be published
-// first (docs/architecture.md invariant 7).
+// first (invariant 7, docs/architecture.md).
 func Create(ctx context.Context, repl *pgconn.PgConn, slotName string) (Created, error) {
 	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, slotName, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
 		Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT",

@@ -11,28 +11,30 @@ import (
 )
 
 // Watermark ties broker confirms to the slot position. The WAL reader
-// records, in stream order, each event (Event), each transaction boundary
-// (Begin, Commit) and each idle keepalive (Keepalive); the publisher reports
-// acks (Ack) in any order. Position returns the end LSN of the newest
-// transaction whose events, and all events before them, are acknowledged.
+// records, in stream order, each event (NextSeq), each transaction
+// boundary (Begin, Commit) and each idle keepalive (Keepalive); the
+// janitor's session acks events (AckAt) in any order, once the broker has
+// confirmed them and their rows are marked (invariant 10, docs/architecture.md). Position
+// returns the end LSN of the newest transaction whose events, and all
+// events before them, are acknowledged.
 //
 // Invariants (see docs/architecture.md, 1 and 2):
-//   - a mark (commit or keepalive LSN) is released only when every event
-//     with a lower sequence number has been acked;
+//   - a boundary (commit or keepalive LSN) is released only when every
+//     event with a lower sequence number has been acked;
 //   - a keepalive LSN is recorded only when no transaction is open, so it
 //     can never skip a transaction that is being streamed;
 //   - Position never decreases.
 //
-// All methods are safe for concurrent use: the reader and the confirm loop
-// call them from different goroutines.
+// All methods are safe for concurrent use: the reader, the confirm loops
+// and the janitor call them from different goroutines.
 type Watermark struct {
-	mu       sync.Mutex
-	next     uint64            // sequence number of the next event
-	acked    uint64            // every event with seq < acked is acknowledged
-	early    map[uint64]placed // acked events with seq > acked, waiting for the gap to close
-	marks    []mark            // pending positions in stream order
-	open     bool              // a Begin has been seen without its Commit
-	position pglogrepl.LSN
+	mu         sync.Mutex
+	next       uint64            // sequence number of the next event
+	acked      uint64            // every event with seq < acked is acknowledged
+	early      map[uint64]placed // acked events with seq > acked, waiting for the gap to close
+	boundaries []boundary        // positions waiting to be confirmed, in stream order
+	open       bool              // a Begin has been seen without its Commit
+	position   pglogrepl.LSN
 	// done is the place of the newest event of the acked prefix that was
 	// acked with its place (AckAt): it and every event before it are done.
 	done placed
@@ -45,8 +47,9 @@ type placed struct {
 	set bool
 }
 
-// mark is a position that may be confirmed once all events before seq are acked.
-type mark struct {
+// boundary is a position (a commit's end or a keepalive's WAL end) that
+// may be confirmed once all events before seq are acked.
+type boundary struct {
 	seq uint64
 	lsn pglogrepl.LSN
 }
@@ -63,8 +66,8 @@ func (w *Watermark) Begin() {
 	w.mu.Unlock()
 }
 
-// Event assigns the next sequence number to an event of the open transaction.
-func (w *Watermark) Event() uint64 {
+// NextSeq assigns the next sequence number to an event of the open transaction.
+func (w *Watermark) NextSeq() uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	seq := w.next
@@ -78,7 +81,7 @@ func (w *Watermark) Commit(end pglogrepl.LSN) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.open = false
-	w.addMark(end)
+	w.addBoundary(end)
 }
 
 // Keepalive records the server's WAL end from a keepalive. Everything the
@@ -91,17 +94,17 @@ func (w *Watermark) Keepalive(walEnd pglogrepl.LSN) {
 	if w.open {
 		return
 	}
-	w.addMark(walEnd)
+	w.addBoundary(walEnd)
 }
 
-// addMark queues lsn behind the events recorded so far. Marks that share a
-// sequence number collapse into one, which bounds the queue by the number of
+// addBoundary queues lsn behind the events recorded so far. Boundaries
+// that share a sequence number collapse into one, which bounds the queue by the number of
 // events in flight. Caller holds mu.
-func (w *Watermark) addMark(lsn pglogrepl.LSN) {
-	if n := len(w.marks); n > 0 && w.marks[n-1].seq == w.next {
-		w.marks[n-1].lsn = max(w.marks[n-1].lsn, lsn)
+func (w *Watermark) addBoundary(lsn pglogrepl.LSN) {
+	if n := len(w.boundaries); n > 0 && w.boundaries[n-1].seq == w.next {
+		w.boundaries[n-1].lsn = max(w.boundaries[n-1].lsn, lsn)
 	} else {
-		w.marks = append(w.marks, mark{seq: w.next, lsn: lsn})
+		w.boundaries = append(w.boundaries, boundary{seq: w.next, lsn: lsn})
 	}
 	w.release()
 }
@@ -146,15 +149,15 @@ func (w *Watermark) Done() (at wal.Place, id string, ok bool) {
 	return w.done.at, w.done.id, w.done.set
 }
 
-// release moves the position over every mark whose events are all acked.
+// release moves the position over every boundary whose events are all acked.
 // Caller holds mu.
 func (w *Watermark) release() {
 	i := 0
-	for ; i < len(w.marks) && w.marks[i].seq <= w.acked; i++ {
-		w.position = max(w.position, w.marks[i].lsn)
+	for ; i < len(w.boundaries) && w.boundaries[i].seq <= w.acked; i++ {
+		w.position = max(w.position, w.boundaries[i].lsn)
 	}
 	if i > 0 {
-		w.marks = append(w.marks[:0], w.marks[i:]...)
+		w.boundaries = append(w.boundaries[:0], w.boundaries[i:]...)
 	}
 }
 

@@ -84,7 +84,7 @@ func TestWatermark(t *testing.T) {
 				case 'b':
 					w.Begin()
 				case 'e':
-					w.Event()
+					w.NextSeq()
 				case 'c':
 					w.Commit(pglogrepl.LSN(o.arg))
 				case 'k':
@@ -117,7 +117,7 @@ func TestWatermarkRandomAckOrder(t *testing.T) {
 		for range 1 + rng.IntN(20) {
 			w.Begin()
 			for range rng.IntN(5) {
-				w.Event()
+				w.NextSeq()
 			}
 			lsn += pglogrepl.LSN(1 + rng.IntN(100))
 			w.Commit(lsn)
@@ -163,12 +163,12 @@ func ackedCount(w *Watermark) uint64 {
 func TestWatermarkBoundedMarks(t *testing.T) {
 	w := NewWatermark(0)
 	w.Begin()
-	w.Event()
+	w.NextSeq()
 	w.Commit(10)
 	for i := range 10000 {
 		w.Keepalive(pglogrepl.LSN(20 + i))
 	}
-	if n := len(w.marks); n != 1 {
+	if n := len(w.boundaries); n != 1 {
 		t.Fatalf("keepalives behind one in-flight event left %d marks, want 1 (all share one sequence number)", n)
 	}
 	w.Ack(0)
@@ -186,7 +186,7 @@ func TestWatermarkDone(t *testing.T) {
 		t.Fatal("Done before any ack")
 	}
 	w.Begin()
-	seqs := []uint64{w.Event(), w.Event(), w.Event(), w.Event()}
+	seqs := []uint64{w.NextSeq(), w.NextSeq(), w.NextSeq(), w.NextSeq()}
 	place := func(i int) wal.Place { return wal.Place{CommitLSN: 150, Index: i} }
 	w.AckAt(seqs[1], place(1), "b") // behind a gap: not done yet
 	if _, _, ok := w.Done(); ok {

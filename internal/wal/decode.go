@@ -20,7 +20,7 @@ var ErrProtocol = errors.New("pgoutput protocol violation")
 // ErrNotOutbox marks an insert that may be an outbox row under another
 // identity: a relation with the outbox's configured schema and name but
 // another OID (the outbox dropped and created again). The relay stops
-// rather than confirm past a row it cannot classify (invariant 9).
+// rather than confirm past a row it cannot classify (invariant 9, docs/architecture.md).
 var ErrNotOutbox = fmt.Errorf("%w: insert into a relation that is not the outbox table", ErrSchema)
 
 // ErrRelationUnknown marks an insert from a relation the session start

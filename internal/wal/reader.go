@@ -18,7 +18,7 @@ import (
 // (slot.Watermark), which turns it into the position the reader confirms.
 type Positions interface {
 	Begin()
-	Event() uint64
+	NextSeq() uint64
 	Commit(end pglogrepl.LSN)
 	Keepalive(walEnd pglogrepl.LSN)
 	Position() pglogrepl.LSN
@@ -50,11 +50,13 @@ type ReaderConfig struct {
 	Timeout time.Duration
 
 	// SoftStop asks for a graceful stop when closed: read no more, keep
-	// reporting the position until Drained is closed (the publisher has every
-	// in-flight confirm) or the Run context, the hard stop, ends; then send
-	// a final status update.
+	// reporting the position until Settled is closed or the Run context,
+	// the hard stop, ends; then send a final status update. The relay
+	// closes Settled once the publisher has every in-flight confirm (it is
+	// drained) and the janitor has marked their rows
+	// (janitor.Session.Settled).
 	SoftStop <-chan struct{}
-	Drained  <-chan struct{}
+	Settled  <-chan struct{}
 
 	// Turned, if set, is called at every turn of the loop (at least every
 	// progressDelay), so a health check can tell a wedged reader.
@@ -69,7 +71,7 @@ type ReaderConfig struct {
 // publisher through Out and reports the acknowledged position back to the
 // server. It never blocks on the broker: when Out is full it stops reading
 // but keeps sending status updates, so the walsender is not killed for a
-// slow broker (docs/architecture.md invariant 5).
+// slow broker (invariant 5, docs/architecture.md).
 type Reader struct {
 	cfg  ReaderConfig
 	conn stream
@@ -417,7 +419,7 @@ func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
 		r.cfg.Metrics.commits.Inc()
 	case KindEvent:
 		ev := step.Event
-		ev.Seq = r.cfg.Positions.Event()
+		ev.Seq = r.cfg.Positions.NextSeq()
 		r.cfg.Metrics.decoded.Inc()
 		r.cfg.Metrics.lastEvent.SetToCurrentTime()
 		return &ev, nil

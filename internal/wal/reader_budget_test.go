@@ -24,7 +24,7 @@ import (
 type budgetMarks struct{ seq atomic.Uint64 }
 
 func (m *budgetMarks) Begin()                  {}
-func (m *budgetMarks) Event() uint64           { return m.seq.Add(1) }
+func (m *budgetMarks) NextSeq() uint64         { return m.seq.Add(1) }
 func (m *budgetMarks) Commit(pglogrepl.LSN)    {}
 func (m *budgetMarks) Keepalive(pglogrepl.LSN) {}
 func (m *budgetMarks) Position() pglogrepl.LSN { return 0 }
@@ -110,7 +110,7 @@ func budgetReader(conn *pgconn.PgConn, sem *semaphore.Weighted, budget int64, ou
 	return NewReader(conn, ReaderConfig{
 		Decoder:   NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"}),
 		Positions: &budgetMarks{}, Out: out, Budget: sem, BudgetBytes: budget,
-		StatusInterval: 100 * time.Millisecond, SoftStop: stop, Drained: make(chan struct{}),
+		StatusInterval: 100 * time.Millisecond, SoftStop: stop, Settled: make(chan struct{}),
 		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry(), ""),
 	})
 }

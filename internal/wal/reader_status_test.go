@@ -17,7 +17,7 @@ import (
 // These tests drive the reader's status-update logic over a fake
 // replication stream (the stream seam): no server. They cover the
 // keepalive reply, the cadence, the never-backwards rule and the final
-// update of a graceful stop (docs/architecture.md invariants 1, 2 and 5).
+// update of a graceful stop (invariants 1, 2 and 5, docs/architecture.md).
 
 // fakeStream is a replication connection: the test feeds it server
 // messages and reads the status updates the reader sends.
@@ -73,7 +73,7 @@ type fakePositions struct {
 
 func (p *fakePositions) Begin()                  {}
 func (p *fakePositions) Commit(pglogrepl.LSN)    {}
-func (p *fakePositions) Event() uint64           { p.mu.Lock(); defer p.mu.Unlock(); p.seq++; return p.seq }
+func (p *fakePositions) NextSeq() uint64         { p.mu.Lock(); defer p.mu.Unlock(); p.seq++; return p.seq }
 func (p *fakePositions) set(pos pglogrepl.LSN)   { p.mu.Lock(); p.pos = pos; p.mu.Unlock() }
 func (p *fakePositions) Position() pglogrepl.LSN { p.mu.Lock(); defer p.mu.Unlock(); return p.pos }
 func (p *fakePositions) Keepalive(w pglogrepl.LSN) {
@@ -108,7 +108,7 @@ func startStatusRig(t *testing.T, cfg ReaderConfig) *statusRig {
 		cfg.Positions = r.pos
 	}
 	cfg.Decoder = NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"})
-	cfg.Out, cfg.SoftStop, cfg.Drained = r.out, r.stop, r.drained
+	cfg.Out, cfg.SoftStop, cfg.Settled = r.out, r.stop, r.drained
 	cfg.Turned = func() {
 		select {
 		case r.turns <- struct{}{}:
@@ -174,7 +174,7 @@ func TestReaderRepliesToKeepalive(t *testing.T) {
 
 // TestReaderConfirmsIdleKeepalive: with nothing in flight the watermark
 // follows a keepalive's WAL end, and the reader reports it without being
-// asked (invariant 2).
+// asked (invariant 2, docs/architecture.md).
 func TestReaderConfirmsIdleKeepalive(t *testing.T) {
 	r := startStatusRig(t, ReaderConfig{StatusInterval: time.Hour})
 	r.pos.follow = true
@@ -253,7 +253,7 @@ func TestReaderAsksASilentServerToReply(t *testing.T) {
 }
 
 // TestReaderDrainsThenSendsAFinalUpdate: after SoftStop the reader closes
-// Out, keeps reporting, and once Drained is closed sends the position
+// Out, keeps reporting, and once Settled is closed sends the position
 // then reached and returns nil.
 func TestReaderDrainsThenSendsAFinalUpdate(t *testing.T) {
 	r := startStatusRig(t, ReaderConfig{StatusInterval: time.Hour})
@@ -280,7 +280,7 @@ func TestReaderDrainsThenSendsAFinalUpdate(t *testing.T) {
 		}
 		r.done <- nil
 	case <-time.After(10 * time.Second):
-		t.Fatal("the reader did not return after Drained")
+		t.Fatal("the reader did not return after Settled")
 	}
 	for len(r.stream.updates) > 0 {
 		last = (<-r.stream.updates).WALFlushPosition
@@ -291,7 +291,7 @@ func TestReaderDrainsThenSendsAFinalUpdate(t *testing.T) {
 }
 
 // TestReaderHardStopStillSendsAFinalUpdate: when the hard stop (the Run
-// context) ends a drain before Drained, the position reached is still
+// context) ends a drain before Settled, the position reached is still
 // reported once.
 func TestReaderHardStopStillSendsAFinalUpdate(t *testing.T) {
 	r := startStatusRig(t, ReaderConfig{StatusInterval: time.Hour})

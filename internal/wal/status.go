@@ -63,10 +63,10 @@ func (r *Reader) sendStatus(pos pglogrepl.LSN) error {
 func (r *Reader) drain(ctx context.Context) error {
 	tick := time.NewTicker(progressDelay)
 	defer tick.Stop()
-	r.closeOut() // the publisher finishes what it has, then closes Drained
+	r.closeOut() // the publisher finishes what it has; Settled closes once their rows are marked too
 	for {
 		select {
-		case <-r.cfg.Drained:
+		case <-r.cfg.Settled:
 			return r.sendStatus(r.cfg.Positions.Position())
 		case <-ctx.Done():
 			if err := r.sendStatus(r.cfg.Positions.Position()); err != nil {

@@ -1,7 +1,6 @@
 package relaytest
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"testing"
@@ -23,11 +22,10 @@ type InProcess struct {
 	Logs  *testenv.Buffer
 }
 
-// InProcessOptions say what runs and where the logs go.
+// InProcessOptions say where the logs go. What runs is always the
+// shipped service (relay.NewService: relay, janitor, retention, monitor),
+// so every test exercises the marks that gate the slot (invariant 10, docs/architecture.md).
 type InProcessOptions struct {
-	// Service runs relay.NewService (relay, janitor, monitor); otherwise
-	// relay.New alone, without a janitor.
-	Service bool
 	// Level is the log level; LogTo, when set, receives the log too.
 	Level slog.Level
 	LogTo io.Writer
@@ -44,21 +42,12 @@ func Start(t testing.TB, cfg config.Config, o InProcessOptions) *InProcess {
 	}
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: o.Level}))
 	r := &InProcess{Reg: prometheus.NewRegistry(), Logs: logs}
-	var run func(context.Context) error
-	if o.Service {
-		svc, err := relay.NewService(cfg, log, r.Reg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.Relay, run = svc.Relay, svc.Run
-	} else {
-		rl, err := relay.New(cfg, nil, log, r.Reg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.Relay, run = rl, rl.Run
+	svc, err := relay.NewService(cfg, log, r.Reg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	r.Background = testenv.Go(run)
+	r.Relay = svc.Relay
+	r.Background = testenv.Go(svc.Run)
 	return r
 }
 

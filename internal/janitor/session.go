@@ -1,0 +1,183 @@
+package janitor
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cdcrelay/cdcrelay/internal/publish"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
+)
+
+// Session is the publisher's Acker for one streaming session or one
+// adoption: it hands each acknowledged or parked event to the janitor and,
+// once the event's row is marked, parked or found gone, acks the session's
+// watermark. So the slot never passes a row that is not marked (invariant
+// 10, docs/architecture.md).
+//
+// Concurrency: Ack, Parked and Resumed run on the publisher's confirm
+// loops; the janitor's Run goroutine settles the events (settle); Wait
+// may run anywhere. mu guards open and idle. A settle arriving after the
+// session ended moves only that session's own, discarded watermark.
+type Session struct {
+	j *Janitor
+	// ctx is the session's: a wait for room among the unwritten marks
+	// (back-pressure on the confirm loop) ends with the session. Ack has
+	// no ctx parameter (publish.Acker).
+	ctx       context.Context //nolint:containedctx // see above
+	watermark *slot.Watermark
+	progress  []interface{ Inc() } // each counts every confirm (an adoption's progress)
+
+	mu   sync.Mutex
+	open int           // events handed to the janitor and not settled
+	idle chan struct{} // closed whenever open is zero; a fresh one while it is not
+}
+
+// Session starts a session whose events move watermark. ctx bounds the
+// waits for room in the janitor's queue; progress counters are
+// incremented at each confirm.
+func (j *Janitor) Session(ctx context.Context, watermark *slot.Watermark, progress ...interface{ Inc() }) *Session {
+	idle := make(chan struct{})
+	close(idle)
+	return &Session{j: j, ctx: ctx, watermark: watermark, progress: progress, idle: idle}
+}
+
+// Ack queues an acknowledged event's row to be marked published_at.
+func (s *Session) Ack(ev publish.Ref) {
+	s.hand(ev, func(done func()) error { return s.j.mark(s.ctx, ev.ID, ev.Xid, done) })
+}
+
+// Parked queues a poison event to be recorded on its row; it was never
+// published as is.
+func (s *Session) Parked(ev publish.Ref, reason string) {
+	s.hand(ev, func(done func()) error { return s.j.park(s.ctx, ev.ID, reason, done) })
+}
+
+// Resumed moves the watermark past an event an earlier session had acked
+// and marked (publish.Resume): its row needs nothing more.
+func (s *Session) Resumed(ev publish.Ref) {
+	s.count()
+	s.watermark.AckAt(ev.Seq, ev.At, ev.ID)
+}
+
+func (s *Session) count() {
+	for _, c := range s.progress {
+		c.Inc()
+	}
+}
+
+// hand gives ev to the janitor through give; the janitor calls done from
+// Run when the row is settled (once; a second call does nothing). A give refused because
+// the session ended leaves the slot before ev.
+func (s *Session) hand(ev publish.Ref, give func(done func()) error) {
+	s.count()
+	s.opened(1)
+	var settled atomic.Bool // a repeated call must not settle twice
+	done := func() {
+		if settled.CompareAndSwap(false, true) {
+			s.settle(ev)
+		}
+	}
+	if give(done) != nil {
+		s.opened(-1)
+	}
+}
+
+// settle acks the watermark for a settled event.
+func (s *Session) settle(ev publish.Ref) {
+	s.watermark.AckAt(ev.Seq, ev.At, ev.ID)
+	s.opened(-1)
+}
+
+// opened adds delta to the open events, closing idle when none is left
+// and arming a fresh one when the first opens.
+func (s *Session) opened(delta int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	was := s.open
+	s.open += delta
+	switch {
+	case was == 0 && s.open > 0:
+		s.idle = make(chan struct{})
+	case was > 0 && s.open == 0:
+		close(s.idle)
+	}
+}
+
+// Wait returns nil once every event handed to the janitor so far is
+// settled, or ctx's error. Meanwhile the janitor writes at once instead
+// of at its interval (hurry): a graceful stop's final status update then
+// includes the marks of everything the broker acknowledged.
+func (s *Session) Wait(ctx context.Context) error {
+	s.mu.Lock()
+	idle := s.idle
+	s.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	default:
+	}
+	defer s.j.hurry()()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Settled returns a channel closed once after is closed and then every
+// event is settled (Wait); it is never closed if the session's context
+// ends first. The reader's drain waits for it (wal.ReaderConfig.Settled).
+func (s *Session) Settled(after <-chan struct{}) <-chan struct{} {
+	out := make(chan struct{})
+	go func() {
+		select {
+		case <-after:
+		case <-s.ctx.Done():
+			return // the reader sees the context end by itself
+		}
+		if s.Wait(s.ctx) == nil {
+			close(out)
+		}
+	}()
+	return out
+}
+
+// hurryPause is the pause between two writes while a session waits for
+// its last marks: rows whose transaction is not yet visible (settleMarked)
+// are asked for again after it rather than in a tight loop.
+const hurryPause = 10 * time.Millisecond
+
+// hurry asks Run to write at once, and again after each write while
+// anything is queued, until the returned function is called.
+func (j *Janitor) hurry() (done func()) {
+	j.mu.Lock()
+	j.hurrying++
+	j.mu.Unlock()
+	j.Flush()
+	return func() {
+		j.mu.Lock()
+		j.hurrying--
+		j.mu.Unlock()
+	}
+}
+
+// hurryOn schedules the next write while a session waits for its marks:
+// after hurryPause, or when the backoff after a failure ends. Run
+// goroutine only (it owns again).
+func (j *Janitor) hurryOn() {
+	j.mu.Lock()
+	waiting := j.hurrying > 0 && len(j.pending)+j.held+len(j.parked) > 0
+	j.mu.Unlock()
+	if !waiting {
+		return
+	}
+	wait := max(time.Until(j.retryAt), hurryPause)
+	if j.again == nil {
+		j.again = time.AfterFunc(wait, j.Flush)
+		return
+	}
+	j.again.Reset(wait)
+}
