@@ -51,7 +51,7 @@ func BenchmarkMessage(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if c.check {
-					if reason := PoisonReason(&ev, 128<<20); reason != "" {
+					if reason := poisonReason(&ev, 128<<20); reason != "" {
 						b.Fatal(reason)
 					}
 				}

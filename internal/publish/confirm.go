@@ -125,7 +125,7 @@ func (p *Publisher) settleCopy(l *lane, f inflight, returned bool) error {
 		if e := l.closeReason(); e != nil && f.alone != nil {
 			p.blame(l, e)
 		}
-		return fmt.Errorf("%w while the dead-letter copy of event %s was in flight", laneClosed(l), LogID(f.id))
+		return fmt.Errorf("%w while the dead-letter copy of event %s was in flight", laneClosed(l), logID(f.id))
 	case !f.dc.Acked():
 		outcome = "nacked"
 	case returned:
@@ -136,7 +136,7 @@ func (p *Publisher) settleCopy(l *lane, f inflight, returned bool) error {
 	}
 	p.Metrics.deadLetter.WithLabelValues(outcome).Inc()
 	p.Log.Error("a parked event's dead-letter copy was not taken by the broker; the row stays parked and the stream goes on",
-		"event", LogID(f.id), "outcome", outcome, "dead_letter_exchange", f.exchange, "routing_key", f.key,
+		"event", logID(f.id), "outcome", outcome, "dead_letter_exchange", f.exchange, "routing_key", f.key,
 		"remedy", "bind a queue to the dead-letter exchange for this routing key (or '#')")
 	p.parkAfterCopy(f)
 	return nil

@@ -102,7 +102,7 @@ func TestHeaderValues(t *testing.T) {
 	if _, ok := msg.Headers["z"]; ok {
 		t.Error("a null member is forwarded")
 	}
-	if why := Unsendable("x", "k", &msg, 128<<10); why != "" {
+	if why := unsendableReason("x", "k", &msg, 128<<10); why != "" {
 		t.Fatal(why)
 	}
 	for _, bad := range []string{`{"a":1} {}`, `{"a":1}]`, `[1]`, `{"a":}`} {
@@ -113,7 +113,7 @@ func TestHeaderValues(t *testing.T) {
 }
 
 // FuzzHeaderValues checks the header mapping on every JSON object: Message
-// never refuses one, the table is one amqp091-go and Unsendable accept,
+// never refuses one, the table is one amqp091-go and unsendableReason accept,
 // and every value is the stored one, each number's exact text recoverable
 // from its AMQP value (numberText). The input is also tried as a number
 // and as a member value, since random bytes are rarely an object.

@@ -39,10 +39,10 @@ const HeaderError = "cdcrelay-error"
 // message_id.
 const HeaderID = "cdcrelay-id"
 
-// PoisonReason returns why ev cannot be published as a message, or "" if it can.
+// poisonReason returns why ev cannot be published as a message, or "" if it can.
 // Only properties of the event count; the broker's state never makes an
 // event poison.
-func PoisonReason(ev *wal.Event, maxMessageBytes int64) string {
+func poisonReason(ev *wal.Event, maxMessageBytes int64) string {
 	switch {
 	case ev.Problem != "":
 		return ev.Problem
@@ -102,9 +102,9 @@ func deadLetter(ev *wal.Event, reason string, maxMessageBytes int64) amqp.Publis
 func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (inflight, error) {
 	p.Metrics.poison.Inc()
 	if p.Poison == Stop {
-		return f, fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, LogID(ev.ID), reason)
+		return f, fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, logID(ev.ID), reason)
 	}
-	p.Log.Error("parking poison event: left unpublished with last_error set", "event", LogID(ev.ID), "reason", reason,
+	p.Log.Error("parking poison event: left unpublished with last_error set", "event", logID(ev.ID), "reason", reason,
 		"dead_letter_exchange", p.DeadLetterExchange)
 	defer p.Resume.unstall(f.at, p.Metrics)
 	if p.DeadLetterExchange == "" {
@@ -112,7 +112,7 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 		return f, nil
 	}
 	if p.Resume.copyRefused(f.at) {
-		p.Log.Warn("poison event not dead-lettered: the broker refused its copy in an earlier session", "event", LogID(ev.ID))
+		p.Log.Warn("poison event not dead-lettered: the broker refused its copy in an earlier session", "event", logID(ev.ID))
 		p.acks.Parked(f.ref(), reason)
 		return f, nil
 	}
@@ -137,17 +137,17 @@ func (p *Publisher) sendCopy(ctx context.Context, l *lane, ev *wal.Event, f infl
 		key = ""
 	}
 	msg := deadLetter(ev, reason, p.copyLimit())
-	if why := Unsendable(p.DeadLetterExchange, key, &msg, p.frameMax()); why != "" {
+	if why := unsendableReason(p.DeadLetterExchange, key, &msg, p.frameMax()); why != "" {
 		// Never expected (deadLetter builds a sendable message); parking
 		// without the copy beats a restart loop.
-		p.Log.Error("poison event not dead-lettered: its dead letter cannot be sent", "event", LogID(ev.ID), "reason", why)
+		p.Log.Error("poison event not dead-lettered: its dead letter cannot be sent", "event", logID(ev.ID), "reason", why)
 		return nil, key, nil
 	}
 	f.copyOf, f.exchange, f.key, f.rowExchange = true, p.DeadLetterExchange, key, false
 	p.alone.set(l, f)
 	dc, err = l.ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, msg)
 	if err != nil {
-		return nil, key, fmt.Errorf("dead-letter event %s: %w", LogID(ev.ID), err)
+		return nil, key, fmt.Errorf("dead-letter event %s: %w", logID(ev.ID), err)
 	}
 	return dc, key, nil
 }

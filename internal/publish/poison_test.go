@@ -26,9 +26,9 @@ func TestPoisonReason(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := PoisonReason(&tt.ev, 1024)
+			got := poisonReason(&tt.ev, 1024)
 			if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
-				t.Fatalf("PoisonReason = %q, want %q", got, tt.want)
+				t.Fatalf("poisonReason = %q, want %q", got, tt.want)
 			}
 		})
 	}

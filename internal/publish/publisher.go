@@ -320,7 +320,7 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 			f = inflight{seq: ev.Seq, id: ev.ID, at: ev.Place(), xid: ev.Xid, resumed: true}
 		case skipUnverified:
 			p.Log.Warn("the stream does not hold the event an earlier session left off at; publishing everything again",
-				"event", LogID(ev.ID), "place", ev.Place())
+				"event", logID(ev.ID), "place", ev.Place())
 			fallthrough
 		default:
 			var alone chan struct{}
@@ -380,7 +380,7 @@ func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event, alone c
 	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, f.exchange, ev.RoutingKey, true, false, msg)
 	if err != nil {
 		if e := l.closeReason(); e != nil { // the broker closed the channel: say why
-			return f, fmt.Errorf("publish event %s: %w", LogID(ev.ID), closedError("channel", e, true))
+			return f, fmt.Errorf("publish event %s: %w", logID(ev.ID), closedError("channel", e, true))
 		}
 		return f, p.publishError(ev, err)
 	}
@@ -420,7 +420,7 @@ func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, stri
 	if reason := p.Refused.reason(ev); reason != "" {
 		return amqp.Publishing{}, reason
 	}
-	if reason := PoisonReason(ev, p.MaxMessageBytes); reason != "" {
+	if reason := poisonReason(ev, p.MaxMessageBytes); reason != "" {
 		return amqp.Publishing{}, reason
 	}
 	msg, err := Message(ev)
@@ -430,7 +430,7 @@ func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, stri
 	if limit := p.Resume.BrokerLimit(); limit > 0 && int64(len(msg.Body)) > limit {
 		return amqp.Publishing{}, fmt.Sprintf("message body is %d bytes, above the broker's max_message_size (%d)", len(msg.Body), limit)
 	}
-	return msg, Unsendable(exchange, ev.RoutingKey, &msg, p.frameMax())
+	return msg, unsendableReason(exchange, ev.RoutingKey, &msg, p.frameMax())
 }
 
 // publishError classifies a failed publish. A transport failure ends the
@@ -441,12 +441,12 @@ func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, stri
 // down after a frame error and may have sent part of the message).
 func (p *Publisher) publishError(ev *wal.Event, err error) error {
 	if transport(err) {
-		return fmt.Errorf("publish event %s: %w", LogID(ev.ID), err)
+		return fmt.Errorf("publish event %s: %w", logID(ev.ID), err)
 	}
 	reason := "the client library could not encode it: " + clipText(err.Error())
 	p.Refused.add(ev, reason)
 	p.Log.Error("the client library refused to encode an event; the session ends and the next one parks it",
-		"event", LogID(ev.ID), "reason", reason)
+		"event", logID(ev.ID), "reason", reason)
 	return &EncodeError{ID: ev.ID, Reason: reason}
 }
 

@@ -47,7 +47,7 @@ func (p *Publisher) noteReturn(l *lane, r amqp.Return, ok bool) error {
 	key, placed := returnKeyOf(l, r)
 	if !placed { // no identity headers: never sent by this relay's build
 		return fmt.Errorf("%w: message %q to exchange %q with routing key %q: %d %s", ErrReturned,
-			Clip(r.MessageId), r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+			clip(r.MessageId), r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
 	}
 	p.returns.mu.Lock()
 	defer p.returns.mu.Unlock()
@@ -118,7 +118,7 @@ func (p *Publisher) unroutable(ctx context.Context, l *lane, f inflight, r amqp.
 	}
 	p.Resume.stall(Stall{ID: f.id, Exchange: r.Exchange, RoutingKey: r.RoutingKey, Cause: CauseNoRoute, At: f.at}, p.Metrics)
 	return fmt.Errorf("%w: event %s to exchange %q with routing key %q: %d %s (bind a queue for this key, or set CDCRELAY_UNROUTABLE=park to park such rows)",
-		ErrReturned, LogID(f.id), r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+		ErrReturned, logID(f.id), r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
 }
 
 // parkLate parks an event the broker refused after it was published: the
@@ -131,9 +131,9 @@ func (p *Publisher) unroutable(ctx context.Context, l *lane, f inflight, r amqp.
 func (p *Publisher) parkLate(ctx context.Context, l *lane, f inflight, reason string) error {
 	p.Metrics.poison.Inc()
 	if p.Poison == Stop {
-		return fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, LogID(f.id), reason)
+		return fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, logID(f.id), reason)
 	}
-	p.Log.Error("parking poison event: left unpublished with last_error set", "event", LogID(f.id), "reason", reason,
+	p.Log.Error("parking poison event: left unpublished with last_error set", "event", logID(f.id), "reason", reason,
 		"dead_letter_exchange", p.DeadLetterExchange)
 	defer p.Resume.unstall(f.at, p.Metrics)
 	if p.DeadLetterExchange == "" || f.ev == nil || p.Resume.copyRefused(f.at) {
@@ -158,7 +158,7 @@ func (p *Publisher) parkLate(ctx context.Context, l *lane, f inflight, reason st
 // closedWhile is the error of a lane whose channel closed while f was in
 // flight; blame says whose fault it was, if f was alone.
 func (p *Publisher) closedWhile(l *lane, f inflight) error {
-	err := fmt.Errorf("%w while event %s was in flight", laneClosed(l), LogID(f.id))
+	err := fmt.Errorf("%w while event %s was in flight", laneClosed(l), logID(f.id))
 	if e := l.closeReason(); e != nil && f.alone != nil {
 		p.blame(l, e)
 	}
@@ -235,20 +235,20 @@ func (p *Publisher) blame(l *lane, e *amqp.Error) {
 		p.Resume.refuseCopy(f.at)
 		p.Metrics.deadLetter.WithLabelValues("refused").Inc()
 		p.Log.Error("the broker refused a parked event's dead-letter copy; the row stays parked, and its copy is not sent again",
-			"event", LogID(f.id), "dead_letter_exchange", f.exchange, "reason", clipText(e.Reason))
+			"event", logID(f.id), "dead_letter_exchange", f.exchange, "reason", clipText(e.Reason))
 	case e.Code == amqp.PreconditionFailed:
 		reason := "the broker refused it: " + clipText(e.Reason)
 		p.Refused.addAt(f.id, f.at, f.backfill, reason)
 		p.Log.Error("the broker refused an event for its content; the session ends and the next one handles it as poison (CDCRELAY_POISON)",
-			"event", LogID(f.id), "reason", reason)
+			"event", logID(f.id), "reason", reason)
 	case e.Code == amqp.NotFound && f.rowExchange && p.Unroutable == ParkUnroutable:
 		p.Refused.addAt(f.id, f.at, f.backfill, fmt.Sprintf("unroutable: the row's exchange %q does not exist", f.exchange))
 		p.Log.Error("an event names an exchange that does not exist; the next session parks it (CDCRELAY_UNROUTABLE=park)",
-			"event", LogID(f.id), "exchange", f.exchange)
+			"event", logID(f.id), "exchange", f.exchange)
 	case e.Code == amqp.NotFound && f.rowExchange:
 		p.Resume.stall(Stall{ID: f.id, Exchange: f.exchange, RoutingKey: f.key, Cause: CauseNoExchange, At: f.at}, p.Metrics)
 		p.Log.Error("stalled: an event names an exchange that does not exist (CDCRELAY_UNROUTABLE=stall)",
-			"event", LogID(f.id), "exchange", f.exchange, "routing_key", f.key,
+			"event", logID(f.id), "exchange", f.exchange, "routing_key", f.key,
 			"remedy", "declare the exchange, or set CDCRELAY_UNROUTABLE=park to park such rows")
 	}
 }

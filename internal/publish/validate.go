@@ -24,7 +24,7 @@ const frameOverhead = 8
 // weight, body size and property flags.
 const contentHeaderFixed = 2 + 2 + 8 + 2
 
-// Unsendable returns why msg, published to exchange with routing key key,
+// unsendableReason returns why msg, published to exchange with routing key key,
 // can never be sent, or "" when it can. It walks the message exactly as
 // amqp091-go's encoder does (write.go: basicPublish, headerFrame.write,
 // writeTable, writeField): the exchange and routing key, every short string
@@ -33,7 +33,7 @@ const contentHeaderFixed = 2 + 2 + 8 + 2
 // frame size (frameMax; 0 when none was negotiated). A message it accepts
 // encodes without error, so a failed publish of it is the transport's
 // fault, never the row's.
-func Unsendable(exchange, key string, msg *amqp.Publishing, frameMax int) string {
+func unsendableReason(exchange, key string, msg *amqp.Publishing, frameMax int) string {
 	for _, s := range []struct{ name, value string }{
 		{"exchange name", exchange}, {"routing key", key},
 		{"content_type", msg.ContentType}, {"content_encoding", msg.ContentEncoding},
@@ -42,7 +42,7 @@ func Unsendable(exchange, key string, msg *amqp.Publishing, frameMax int) string
 		{"type", msg.Type}, {"user_id", msg.UserId}, {"app_id", msg.AppId},
 	} {
 		if len(s.value) > maxShortString {
-			return fmt.Sprintf("%s is %d bytes; AMQP allows %d: %q", s.name, len(s.value), maxShortString, Clip(s.value))
+			return fmt.Sprintf("%s is %d bytes; AMQP allows %d: %q", s.name, len(s.value), maxShortString, clip(s.value))
 		}
 	}
 	size := contentHeaderFixed + propertiesSize(msg)
@@ -148,7 +148,7 @@ func (u *unsendable) under(step string) *unsendable {
 
 func (u *unsendable) reason(root string) string { return fmt.Sprintf(u.why, root+u.path) }
 
-func keyStep(k string) string { return "[" + fmt.Sprintf("%q", Clip(k)) + "]" }
+func keyStep(k string) string { return "[" + fmt.Sprintf("%q", clip(k)) + "]" }
 
 // tableSize is the encoded size of a table's entries (writeTable, without
 // its 4-byte length), or why it cannot be encoded.
@@ -208,10 +208,10 @@ func fieldSize(v any) (int, *unsendable) {
 // clipAt is how much of an over-long value logs and last_error show.
 const clipAt = 64
 
-// Clip shortens s for logs and reasons: the first 64 bytes (cut on a
+// clip shortens s for logs and reasons: the first 64 bytes (cut on a
 // character boundary) and the full size, so one oversize value cannot
 // flood the logs or last_error.
-func Clip(s string) string {
+func clip(s string) string {
 	if len(s) <= clipAt {
 		return s
 	}
@@ -222,13 +222,13 @@ func Clip(s string) string {
 	return fmt.Sprintf("%s…(%d bytes)", s[:cut], len(s))
 }
 
-// LogID is an event id as logs and errors show it: whole when it fits
+// logID is an event id as logs and errors show it: whole when it fits
 // AMQP's message_id, clipped when it is over-long (and so poison).
-func LogID(id string) string {
+func logID(id string) string {
 	if len(id) <= maxShortString {
 		return id
 	}
-	return Clip(id)
+	return clip(id)
 }
 
 // clipText bounds a free-form text that may quote a value, such as an
@@ -257,7 +257,7 @@ type EncodeError struct {
 }
 
 func (e *EncodeError) Error() string {
-	return fmt.Sprintf("publish event %s: the client library could not encode it: %s", LogID(e.ID), e.Reason)
+	return fmt.Sprintf("publish event %s: the client library could not encode it: %s", logID(e.ID), e.Reason)
 }
 
 // transport reports whether err from a publish came from the connection

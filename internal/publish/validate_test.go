@@ -73,9 +73,9 @@ func TestUnsendable(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Unsendable(tt.exchange, tt.key, &tt.msg, tt.frameMax)
+			got := unsendableReason(tt.exchange, tt.key, &tt.msg, tt.frameMax)
 			if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
-				t.Fatalf("Unsendable = %q, want %q", got, tt.want)
+				t.Fatalf("unsendableReason = %q, want %q", got, tt.want)
 			}
 			if strings.Contains(got, long) {
 				t.Fatalf("reason quotes the whole 300-byte value: %q", got)
@@ -95,10 +95,10 @@ func TestUnsendableFrameSizeExact(t *testing.T) {
 	// fixed 14 + message_id (1+2) + headers (4 + key 1+1 + string 1+4+len).
 	msg := amqp.Publishing{MessageId: "id", Headers: amqp.Table{"k": ""}}
 	size := 14 + 3 + 4 + 2 + 5
-	if got := Unsendable("", "k", &msg, size+frameOverhead); got != "" {
+	if got := unsendableReason("", "k", &msg, size+frameOverhead); got != "" {
 		t.Fatalf("a header frame of exactly the limit refused: %s", got)
 	}
-	if got := Unsendable("", "k", &msg, size+frameOverhead-1); !strings.Contains(got, fmt.Sprintf("encode to %d bytes", size)) {
+	if got := unsendableReason("", "k", &msg, size+frameOverhead-1); !strings.Contains(got, fmt.Sprintf("encode to %d bytes", size)) {
 		t.Fatalf("one byte over the limit: %q", got)
 	}
 }
@@ -126,9 +126,9 @@ func TestUnsendableMessages(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := Unsendable("ex", "k", &msg, 131072)
+			got := unsendableReason("ex", "k", &msg, 131072)
 			if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
-				t.Fatalf("Unsendable = %q, want %q", got, tt.want)
+				t.Fatalf("unsendableReason = %q, want %q", got, tt.want)
 			}
 			if strings.Contains(got, long) {
 				t.Fatalf("reason quotes the whole value: %q", got)
@@ -138,15 +138,15 @@ func TestUnsendableMessages(t *testing.T) {
 }
 
 func TestClip(t *testing.T) {
-	if got := Clip("short"); got != "short" {
-		t.Fatalf("Clip(short) = %q", got)
+	if got := clip("short"); got != "short" {
+		t.Fatalf("clip(short) = %q", got)
 	}
-	got := Clip(strings.Repeat("a", 300))
+	got := clip(strings.Repeat("a", 300))
 	if got != strings.Repeat("a", 64)+"…(300 bytes)" {
-		t.Fatalf("Clip = %q", got)
+		t.Fatalf("clip = %q", got)
 	}
 	// A cut never splits a character.
-	got = Clip(strings.Repeat("a", 63) + strings.Repeat("é", 100))
+	got = clip(strings.Repeat("a", 63) + strings.Repeat("é", 100))
 	if !strings.HasPrefix(got, strings.Repeat("a", 63)+"…") {
 		t.Fatalf("Clip split a character: %q", got)
 	}
@@ -239,7 +239,7 @@ func TestIntegrationLibraryEncodingErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if reason := Unsendable("", tt.key, &tt.msg, 131072); reason == "" {
+			if reason := unsendableReason("", tt.key, &tt.msg, 131072); reason == "" {
 				t.Fatal("Unsendable accepts it")
 			}
 			conn, ch := testenv.MustChannel(t, url)
@@ -276,17 +276,17 @@ func TestDeadLetterLongID(t *testing.T) {
 	if msg.MessageId != "" || msg.Headers[HeaderID] != long {
 		t.Fatalf("dead letter id %q, header %v", msg.MessageId, msg.Headers[HeaderID])
 	}
-	if reason := Unsendable("dlx", "k", &msg, 131072); reason != "" {
+	if reason := unsendableReason("dlx", "k", &msg, 131072); reason != "" {
 		t.Fatalf("dead letter unsendable: %s", reason)
 	}
 }
 
 func TestLogID(t *testing.T) {
 	id := strings.Repeat("i", 255)
-	if LogID(id) != id {
+	if logID(id) != id {
 		t.Fatal("an id that fits message_id was clipped")
 	}
-	if got := LogID(id + "i"); got != strings.Repeat("i", 64)+"…(256 bytes)" {
+	if got := logID(id + "i"); got != strings.Repeat("i", 64)+"…(256 bytes)" {
 		t.Fatalf("LogID = %q", got)
 	}
 }
@@ -371,9 +371,9 @@ func TestBrokerHeaderRules(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			msg := amqp.Publishing{Headers: c.headers, Body: []byte(`{}`)}
-			got := Unsendable("events", "k", &msg, 131072)
+			got := unsendableReason("events", "k", &msg, 131072)
 			if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
-				t.Fatalf("Unsendable = %q, want %q", got, c.want)
+				t.Fatalf("unsendableReason = %q, want %q", got, c.want)
 			}
 		})
 	}
