@@ -27,9 +27,11 @@ const (
 	ReasonMarksWaiting  Reason = "marks_waiting"  // streaming, but the marks wait for a standby: the slot cannot advance
 )
 
-// reasons lists every Reason, so that each has its series from the start.
-var reasons = []Reason{ReasonOK, ReasonConnecting, ReasonCreatingSlot, ReasonRetrying, ReasonNeedsOperator,
-	ReasonBrokerBlocked, ReasonMarksFailing, ReasonMarksWaiting}
+// allReasons lists every Reason, so that each has its series from the start.
+func allReasons() []Reason {
+	return []Reason{ReasonOK, ReasonConnecting, ReasonCreatingSlot, ReasonRetrying, ReasonNeedsOperator,
+		ReasonBrokerBlocked, ReasonMarksFailing, ReasonMarksWaiting}
+}
 
 // detail is what the relay waits for beyond its role: the reason and the
 // sentence /readyz shows.
@@ -81,7 +83,7 @@ func (r *Relay) marksTrouble() (since time.Time, err error) {
 // registerStatus exports Reason as cdcrelay_status{reason}: 1 for the
 // current reason, 0 for the others, read at each scrape.
 func registerStatus(reg prometheus.Registerer, slotName string, r *Relay) {
-	for _, reason := range reasons {
+	for _, reason := range allReasons() {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "cdcrelay_status",
 			Help:        "1 for the reason behind the relay's state now (what /readyz explains), 0 for the others: ok, connecting, creating_slot, retrying, needs_operator, broker_blocked, marks_failing, marks_waiting.",
