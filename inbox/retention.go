@@ -12,8 +12,7 @@ const purgeBatch = 1000
 
 // Purge deletes done ledger rows older than keep, and the ordering record
 // of routing keys not seen for as long, in batches; it returns the ledger
-// rows deleted. Claims (done or not) are never deleted before they are
-// done. keep must exceed the longest time a copy of a message can arrive
+// rows deleted. Open claims are never deleted. keep must exceed the longest time a copy of a message can arrive
 // after its first: a copy arriving after its row is gone runs the handler
 // again. Call it periodically (RunRetention does).
 func (ib *Inbox) Purge(ctx context.Context, keep time.Duration) (int64, error) {
