@@ -36,7 +36,8 @@
 // duplicate, Ack. A delivery without message_id, and one whose handler
 // failed, is Nacked without requeue, so the queue's dead-letter exchange
 // (x-dead-letter-exchange, set by the caller) receives it; a handler error
-// wrapped with Requeue is Nacked with requeue instead. A failure of the
+// wrapped with Requeue, or one returned after the caller's context ended
+// (a consumer shutting down), is Nacked with requeue instead. A failure of the
 // inbox's own database work is Nacked with requeue: the message was not
 // processed, and the ledger makes the retry safe. Poison messages are thus
 // left to RabbitMQ's dead-lettering (a quorum queue's delivery-limit bounds

@@ -25,9 +25,9 @@ const settleTimeout = 10 * time.Second
 
 // HandleEffect processes a delivery with a handler whose effects are
 // outside the database, under a lease-based claim: see the package
-// documentation. It blocks while another consumer holds a live claim on
-// the message, up to the lease, then acks a duplicate or takes the claim
-// over.
+// documentation. While another consumer holds a live claim on the message
+// it waits, until that claim is done (a duplicate, acked) or its lease has
+// expired (taken over).
 func (ib *Inbox) HandleEffect(ctx context.Context, d amqp.Delivery, handler string, fn EffectHandler) (Result, error) {
 	if err := check(d, handler); err != nil {
 		return ib.reject(d, handler, err)
@@ -64,9 +64,13 @@ func (ib *Inbox) HandleEffect(ctx context.Context, d amqp.Delivery, handler stri
 	stop := ib.renew(hctx, cancel, d.MessageId, handler, owner)
 	herr := fn(hctx, c.ev)
 	stop()
+	lost := errors.Is(context.Cause(hctx), ErrLeaseLost)
 	cancel(nil)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer scancel()
+	if lost {
+		return ib.leaseLost(d, handler)
+	}
 	if herr != nil {
 		// Release so that the next delivery retries at once. A failed
 		// release leaves the lease to expire instead.
@@ -74,7 +78,7 @@ func (ib *Inbox) HandleEffect(ctx context.Context, d amqp.Delivery, handler stri
 			WHERE message_id = $1 AND handler = $2 AND state = 'claimed' AND owner = $3`, d.MessageId, handler, owner); err != nil {
 			ib.log.Warn("inbox: release a failed claim", "message_id", d.MessageId, "handler", handler, "error", err.Error())
 		}
-		return ib.handlerFailed(d, handler, herr)
+		return ib.handlerFailed(ctx, d, handler, herr)
 	}
 	// Conditioned on the owner token: a stale owner whose claim was taken
 	// over changes nothing.
@@ -86,17 +90,22 @@ func (ib *Inbox) HandleEffect(ctx context.Context, d amqp.Delivery, handler stri
 		return ib.requeue(d, handler, fmt.Errorf("inbox: mark %s done for %s: %w", d.MessageId, handler, err))
 	}
 	if n == 0 {
-		// The consumer that took over holds its own copy of the message
-		// and settles it; this copy is acked.
-		ib.metrics.errors.WithLabelValues(handler).Inc()
-		ib.log.Warn("inbox: the claim was taken over while the handler ran; its effects may have happened twice",
-			"message_id", d.MessageId, "handler", handler)
-		if aerr := d.Ack(false); aerr != nil {
-			return Handled, fmt.Errorf("%w: %s for %s (ack: %w)", ErrLeaseLost, d.MessageId, handler, aerr)
-		}
-		return Handled, fmt.Errorf("%w: %s for %s", ErrLeaseLost, d.MessageId, handler)
+		return ib.leaseLost(d, handler)
 	}
 	return ib.handled(d, handler, c.ev.Order)
+}
+
+// leaseLost settles a delivery whose claim another consumer took over
+// while the handler ran: that consumer holds its own copy of the message
+// and settles it, so this copy is acked, whatever the handler returned.
+func (ib *Inbox) leaseLost(d amqp.Delivery, handler string) (Result, error) {
+	ib.metrics.errors.WithLabelValues(handler).Inc()
+	ib.log.Warn("inbox: the claim was taken over while the handler ran; its effects may have happened twice",
+		"message_id", d.MessageId, "handler", handler)
+	if err := d.Ack(false); err != nil {
+		return Handled, fmt.Errorf("%w: %s for %s (ack: %w)", ErrLeaseLost, d.MessageId, handler, err)
+	}
+	return Handled, fmt.Errorf("%w: %s for %s", ErrLeaseLost, d.MessageId, handler)
 }
 
 // claimResult is what one look at the ledger decided.

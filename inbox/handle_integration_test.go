@@ -78,6 +78,25 @@ func TestIntegrationHandle(t *testing.T) {
 		}
 	}
 
+	// A consumer shutting down (its context ends) while a handler runs
+	// requeues the delivery instead of dead-lettering it.
+	e.publish(t, "m6", "orders.1", "0/50", 0)
+	hctx, cancel := context.WithCancel(ctx)
+	res, err := ib.Handle(hctx, next(t, msgs), "effects", func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+		cancel()
+		return ctx.Err()
+	})
+	if res != inbox.Requeued || !errors.Is(err, context.Canceled) {
+		t.Errorf("m6 with the context ending: %v, %v; want requeued", res, err)
+	}
+	d := next(t, msgs)
+	if res, err := ib.Handle(ctx, d, "effects", insertEffect); d.MessageId != "m6" || res != inbox.Handled || err != nil {
+		t.Errorf("m6 again: %q %v, %v; want m6 handled", d.MessageId, res, err)
+	}
+	if n := e.messages(t, e.dlq); n != 2 {
+		t.Errorf("%d messages dead-lettered, want still 2", n)
+	}
+
 	// Retention deletes done rows older than what it keeps, and only those.
 	if _, err := e.conn.Exec(ctx, `UPDATE cdcrelay_inbox SET done_at = now() - interval '2 hours' WHERE message_id IN ('m1', 'm2')`); err != nil {
 		t.Fatal(err)
@@ -87,8 +106,8 @@ func TestIntegrationHandle(t *testing.T) {
 		t.Fatalf("Purge = %d, %v; want 2 rows", n, err)
 	}
 	var left int
-	if err := e.conn.QueryRow(ctx, `SELECT count(*) FROM cdcrelay_inbox`).Scan(&left); err != nil || left != 2 {
-		t.Errorf("%d ledger rows left (%v), want 2 (m3, m5)", left, err)
+	if err := e.conn.QueryRow(ctx, `SELECT count(*) FROM cdcrelay_inbox`).Scan(&left); err != nil || left != 3 {
+		t.Errorf("%d ledger rows left (%v), want 3 (m3, m5, m6)", left, err)
 	}
 	if got := counter(t, reg, "cdcrelay_inbox_purged_rows_total"); got != 2 {
 		t.Errorf("cdcrelay_inbox_purged_rows_total = %v, want 2", got)

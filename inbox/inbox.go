@@ -184,15 +184,15 @@ func (ib *Inbox) Handle(ctx context.Context, d amqp.Delivery, handler string, fn
 		if state != "done" {
 			return ib.requeue(d, handler, fmt.Errorf("%w: %s for %s", ErrClaimedByEffect, d.MessageId, handler))
 		}
-		_ = tx.Rollback(ctx)
+		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return ib.duplicate(d, handler)
 	}
 	if ev.Order, err = advanceOrder(ctx, tx, handler, &d, ev.Position); err != nil {
 		return ib.requeue(d, handler, err)
 	}
 	if err := fn(ctx, tx, ev); err != nil {
-		_ = tx.Rollback(ctx)
-		return ib.handlerFailed(d, handler, err)
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return ib.handlerFailed(ctx, d, handler, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		// Committed or not, the ledger decides on the redelivery.

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -30,12 +31,13 @@ func (ib *Inbox) duplicate(d amqp.Delivery, handler string) (Result, error) {
 	return Duplicate, nil
 }
 
-// handlerFailed nacks: with requeue for a Requeue error, else to the
-// dead-letter exchange.
-func (ib *Inbox) handlerFailed(d amqp.Delivery, handler string, err error) (Result, error) {
+// handlerFailed nacks: with requeue for a Requeue error or when ctx ended
+// (a consumer shutting down must not dead-letter what it was handling),
+// else to the dead-letter exchange.
+func (ib *Inbox) handlerFailed(ctx context.Context, d amqp.Delivery, handler string, err error) (Result, error) {
 	ib.metrics.errors.WithLabelValues(handler).Inc()
 	err = fmt.Errorf("inbox: handler %s failed on %s: %w", handler, d.MessageId, err)
-	if wantsRequeue(err) {
+	if wantsRequeue(err) || ctx.Err() != nil {
 		return ib.requeue(d, handler, err)
 	}
 	return ib.reject(d, handler, err)
