@@ -3,8 +3,11 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,12 +15,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/cdcrelay/cdcrelay/inbox"
+	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
 // A billing service consumes the orders the relay publishes and books each
 // one once, whatever RabbitMQ redelivers. The queue was declared with a
-// dead-letter exchange, where poison messages go. The example is compiled
-// by go test, not run: it needs the services.
+// dead-letter exchange, where poison messages go. Needing the services, the
+// example has no output to check: TestIntegrationExample runs it against
+// them.
 func Example() {
 	ctx := context.Background()
 	logger := slog.Default()
@@ -55,7 +60,7 @@ func Example() {
 		return
 	}
 	// Manual acks (autoAck false): the inbox acks after the commit.
-	msgs, err := ch.Consume("billing.orders", "", false, false, false, false, nil)
+	msgs, err := ch.Consume(os.Getenv("BILLING_QUEUE"), "", false, false, false, false, nil)
 	if err != nil {
 		logger.Error("consume", "error", err.Error())
 		return
@@ -80,7 +85,7 @@ func Example() {
 		select {
 		case d, ok := <-msgs:
 			if !ok {
-				return // the channel closed: reconnect in a real service
+				return // the subscription ended: reconnect in a real service
 			}
 			// Handle settles the delivery (ack, or nack): the error is for
 			// the log.
@@ -93,5 +98,57 @@ func Example() {
 				logger.Warn("inbox retention", "error", err.Error())
 			}
 		}
+	}
+}
+
+// TestIntegrationExample runs Example against the services: it books each
+// order once, a copy included, and returns when its queue is deleted.
+func TestIntegrationExample(t *testing.T) {
+	e := setup(t)
+	if _, err := e.conn.Exec(t.Context(), `CREATE TABLE bookings (order_event TEXT NOT NULL, body JSONB NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("BILLING_DATABASE_URL", e.dbURL)
+	t.Setenv("AMQP_URL", e.amqpURL)
+	t.Setenv("BILLING_QUEUE", e.queue)
+	e.publish(t, "o1", "orders.1", "0/10", 0)
+	e.publish(t, "o2", "orders.1", "0/10", 1)
+	e.publish(t, "o1", "orders.1", "0/10", 0) // a copy
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Example()
+	}()
+	count := func() (n int) {
+		if err := e.conn.QueryRow(t.Context(), `SELECT count(*) FROM cdcrelay_inbox WHERE state = 'done'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, 30*time.Second, "two orders booked and the queue empty", func() bool {
+		return count() == 2 && e.messages(t, e.queue) == 0
+	})
+	// The copy was delivered after o2: once the queue is empty it has
+	// been settled too.
+	if err := testenv.DeleteQueue(t.Context(), e.amqpURL, e.queue); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Example did not return after its queue was deleted")
+	}
+	rows, err := e.conn.Query(t.Context(), `SELECT order_event, count(*) FROM bookings GROUP BY 1 ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var id string
+		var n int
+		err := r.Scan(&id, &n)
+		return fmt.Sprintf("%s:%d", id, n), err
+	})
+	if err != nil || strings.Join(got, " ") != "o1:1 o2:1" {
+		t.Errorf("bookings %v (%v), want o1 and o2 once each", got, err)
 	}
 }

@@ -112,6 +112,19 @@ func TestIntegrationHandle(t *testing.T) {
 	if got := counter(t, reg, "cdcrelay_inbox_purged_rows_total"); got != 2 {
 		t.Errorf("cdcrelay_inbox_purged_rows_total = %v, want 2", got)
 	}
+
+	// RunRetention purges on its own until its context ends.
+	if _, err := e.conn.Exec(ctx, `UPDATE cdcrelay_inbox SET done_at = now() - interval '2 hours' WHERE message_id = 'm3'`); err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	ended := make(chan error, 1)
+	go func() { ended <- ib.RunRetention(rctx, 50*time.Millisecond, time.Hour) }()
+	waitFor(t, 10*time.Second, "RunRetention purged m3", func() bool { return counter(t, reg, "cdcrelay_inbox_purged_rows_total") == 3 })
+	stop()
+	if err := <-ended; !errors.Is(err, context.Canceled) {
+		t.Errorf("RunRetention returned %v, want context.Canceled", err)
+	}
 }
 
 var errBoom = errors.New("boom")
