@@ -33,7 +33,7 @@ type model struct {
 	row       ledgerRow
 	now       time.Time
 	lease     time.Duration
-	running   map[string]bool // owners whose handler is running
+	running   map[string]time.Time // owners whose handler is running: the lease each last took or renewed
 	runs      int             // handler runs started
 	completes int             // successful mark-done updates
 	nextOwner int
@@ -51,7 +51,7 @@ func (m *model) step(t *testing.T, op, arg byte) {
 		switch a {
 		case actClaim, actRetry, actTakeOver:
 			m.row = claimed(m.row, a, owner, m.now, m.lease)
-			m.running[owner] = true
+			m.running[owner] = m.row.leaseUntil
 			m.runs++
 			if m.row.attempts <= before.attempts && a != actClaim {
 				t.Fatalf("%v did not raise attempts: %+v -> %+v", a, before, m.row)
@@ -84,6 +84,7 @@ func (m *model) step(t *testing.T, op, arg byte) {
 		if owner, ok := m.pick(arg); ok {
 			if ownedBy(m.row, owner) {
 				m.row.leaseUntil = m.now.Add(m.lease)
+				m.running[owner] = m.row.leaseUntil
 			} else {
 				delete(m.running, owner) // its context is cancelled
 			}
@@ -129,11 +130,12 @@ func (m *model) check(t *testing.T) {
 		// attempts: attempts counts the runs.
 		t.Fatalf("attempts %d after %d runs", m.row.attempts, m.runs)
 	}
-	// At most one running owner holds a live lease: two deliveries never
-	// run the handler at once while leases are renewed.
+	// At most one running owner is within the lease it took or renewed:
+	// two deliveries never run the handler at once while leases are
+	// renewed (a claim is taken over only once its lease has passed).
 	live := 0
-	for o := range m.running {
-		if ownedBy(m.row, o) && m.now.Before(m.row.leaseUntil) {
+	for _, until := range m.running {
+		if m.now.Before(until) {
 			live++
 		}
 	}
@@ -157,7 +159,7 @@ func FuzzClaim(f *testing.F) {
 	f.Add([]byte{0, 0, 3, 0, 0, 0, 2, 0})
 	f.Add([]byte{0, 0, 5, 70, 0, 0, 4, 0, 4, 1, 2, 0, 2, 1})
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		m := &model{now: time.Unix(1e6, 0), lease: time.Minute, running: map[string]bool{}}
+		m := &model{now: time.Unix(1e6, 0), lease: time.Minute, running: map[string]time.Time{}}
 		for i := 0; i+1 < len(ops); i += 2 {
 			m.step(t, ops[i], ops[i+1])
 		}
