@@ -34,8 +34,8 @@ type model struct {
 	now       time.Time
 	lease     time.Duration
 	running   map[string]time.Time // owners whose handler is running: the lease each last took or renewed
-	runs      int             // handler runs started
-	completes int             // successful mark-done updates
+	runs      int                  // handler runs started
+	completes int                  // successful mark-done updates
 	nextOwner int
 }
 
