@@ -23,6 +23,7 @@ import (
 type env struct {
 	dbURL, amqpURL string
 	conn           *pgx.Conn // the test's own queries
+	exchange       string    // a topic exchange bound to queue with #
 	queue, dlq     string
 	ch             *amqp.Channel // for publishing and inspecting queues
 }
@@ -57,9 +58,19 @@ func setup(t *testing.T) *env {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	e.exchange = testenv.UniqueName("inbox_test")
+	if err := e.ch.ExchangeDeclare(e.exchange, amqp.ExchangeTopic, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ch.QueueBind(e.queue, "#", e.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
+		if err := testenv.DeleteExchange(ctx, e.amqpURL, e.exchange); err != nil {
+			t.Logf("delete exchange: %v", err)
+		}
 		for _, q := range []string{e.queue, e.dlq} {
 			if err := testenv.DeleteQueue(ctx, e.amqpURL, q); err != nil {
 				t.Logf("delete queue: %v", err)
@@ -69,15 +80,16 @@ func setup(t *testing.T) *env {
 	return e
 }
 
-// publish sends a persistent message to the test's queue as the relay
-// would: message_id and the ordering headers (lsn "" leaves them out).
+// publish sends a persistent message with routingKey through the test's
+// exchange to its queue as the relay would: message_id and the ordering
+// headers (lsn "" leaves them out).
 func (e *env) publish(t *testing.T, id, routingKey, lsn string, index int64) {
 	t.Helper()
-	h := amqp.Table{"routing": routingKey}
+	h := amqp.Table{}
 	if lsn != "" {
 		h[inbox.HeaderCommitLSN], h[inbox.HeaderTxIndex] = lsn, index
 	}
-	if err := e.ch.PublishWithContext(t.Context(), "", e.queue, false, false, amqp.Publishing{
+	if err := e.ch.PublishWithContext(t.Context(), e.exchange, routingKey, true, false, amqp.Publishing{
 		MessageId: id, Headers: h, DeliveryMode: amqp.Persistent, ContentType: "application/json",
 		Body: []byte(fmt.Sprintf(`{"id":%q}`, id)),
 	}); err != nil {

@@ -15,7 +15,7 @@ import (
 )
 
 // TestIntegrationHandle runs Handle on a real queue: events in order, a
-// late first delivery, a duplicate copy, a delivery without message_id and
+// late first delivery, per-key order, a duplicate copy, a delivery without message_id and
 // a failing handler (both dead-lettered), then retention.
 func TestIntegrationHandle(t *testing.T) {
 	e := setup(t)
@@ -28,6 +28,7 @@ func TestIntegrationHandle(t *testing.T) {
 	e.publish(t, "", "orders.1", "0/30", 0)   // no message_id
 	e.publish(t, "m4", "orders.1", "0/40", 0) // its handler fails
 	e.publish(t, "m5", "orders.2", "", 0)     // no relay headers
+	e.publish(t, "m7", "orders.2", "0/5", 0)  // below orders.1's pairs, but the first of its key
 	_, msgs := e.consume(t, 1)
 	type want struct {
 		res   inbox.Result
@@ -42,6 +43,7 @@ func TestIntegrationHandle(t *testing.T) {
 		{inbox.Rejected, 0, inbox.ErrNoMessageID},
 		{inbox.Rejected, inbox.OrderNext, errBoom},
 		{inbox.Handled, inbox.OrderUnknown, nil},
+		{inbox.Handled, inbox.OrderFirst, nil},
 	}
 	runs := 0
 	for i, w := range wants {
@@ -62,15 +64,15 @@ func TestIntegrationHandle(t *testing.T) {
 			t.Errorf("delivery %d (%s): %v, order %v, %v; want %v, order %v, %v", i, d.MessageId, res, order, err, w.res, w.order, w.err)
 		}
 	}
-	if runs != 5 {
-		t.Errorf("the handler ran %d times, want 5 (not for the copy nor the delivery without message_id)", runs)
+	if runs != 6 {
+		t.Errorf("the handler ran %d times, want 6 (not for the copy nor the delivery without message_id)", runs)
 	}
-	if got := e.effects(t); len(got) != 4 || got["m1"] != 1 || got["m2"] != 1 || got["m3"] != 1 || got["m5"] != 1 {
-		t.Errorf("effects %v, want m1, m2, m3 and m5 once each", got)
+	if got := e.effects(t); len(got) != 5 || got["m1"] != 1 || got["m2"] != 1 || got["m3"] != 1 || got["m5"] != 1 || got["m7"] != 1 {
+		t.Errorf("effects %v, want m1, m2, m3, m5 and m7 once each", got)
 	}
 	waitFor(t, 10*time.Second, "two messages dead-lettered", func() bool { return e.messages(t, e.dlq) == 2 })
 	for name, want := range map[string]float64{
-		"cdcrelay_inbox_handled_total": 4, "cdcrelay_inbox_duplicates_total": 1,
+		"cdcrelay_inbox_handled_total": 5, "cdcrelay_inbox_duplicates_total": 1,
 		"cdcrelay_inbox_handler_errors_total": 1, "cdcrelay_inbox_late_events_total": 1,
 	} {
 		if got := counter(t, reg, name); got != want {
@@ -106,8 +108,8 @@ func TestIntegrationHandle(t *testing.T) {
 		t.Fatalf("Purge = %d, %v; want 2 rows", n, err)
 	}
 	var left int
-	if err := e.conn.QueryRow(ctx, `SELECT count(*) FROM cdcrelay_inbox`).Scan(&left); err != nil || left != 3 {
-		t.Errorf("%d ledger rows left (%v), want 3 (m3, m5, m6)", left, err)
+	if err := e.conn.QueryRow(ctx, `SELECT count(*) FROM cdcrelay_inbox`).Scan(&left); err != nil || left != 4 {
+		t.Errorf("%d ledger rows left (%v), want 4 (m3, m5, m6, m7)", left, err)
 	}
 	if got := counter(t, reg, "cdcrelay_inbox_purged_rows_total"); got != 2 {
 		t.Errorf("cdcrelay_inbox_purged_rows_total = %v, want 2", got)
