@@ -19,7 +19,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # IMAGEFLAGS=-arch=arm64 builds for another architecture.
 IMAGEFLAGS ?=
 
-.PHONY: build image demo test test-unit test-go test-faults test-pg-matrix test-alerts fuzz chart-test test-k8s bench bench-retention lint clean
+.PHONY: build image demo demo-inbox test test-unit test-go test-faults test-pg-matrix test-alerts fuzz chart-test test-k8s bench bench-retention lint clean
 
 build:
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/cdcrelay ./cmd/cdcrelay
@@ -36,6 +36,13 @@ image:
 # RabbitMQ, inserts sample events and shows them arriving with their latency.
 demo: build
 	$(GO) run ./cmd/cdcrelay-demo -relay bin/cdcrelay
+
+# The consumer's half (docs/consumers.md): the relay feeds a consumer built on
+# package inbox, which is killed once mid-stream after an effect and before its
+# ack; prints effects applied = events committed and the duplicates absorbed,
+# and fails if they differ.
+demo-inbox: build
+	$(GO) run ./cmd/cdcrelay-inbox-demo -relay bin/cdcrelay
 
 # The whole suite: formatting, vet, unit and integration tests (real
 # PostgreSQL and RabbitMQ) with the race detector, short fuzz runs and the
