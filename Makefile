@@ -99,6 +99,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzEnvelope$$' -fuzztime $(call fuzzfor,100000x) ./internal/publish/
 	$(GO) test -run '^$$' -fuzz '^FuzzHeaderValues$$' -fuzztime $(call fuzzfor,100000x) ./internal/publish/
 	$(GO) test -run '^$$' -fuzz '^FuzzPipeline$$' -fuzztime $(call fuzzfor,400x) ./internal/publish/
+	$(GO) test -run '^$$' -fuzz '^FuzzClaim$$' -fuzztime $(call fuzzfor,15000x) ./inbox/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseLSN$$' -fuzztime $(call fuzzfor,100000x) ./inbox/
 
 chart-test:
 	$(MAKE) -C deploy/helm test
