@@ -2,7 +2,6 @@ package preflight
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // failed is the finding for a check that could not run.
@@ -106,18 +106,19 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 	} else {
 		fs = append(fs, tableOK)
 	}
-	pub, err := s.publication(ctx)
+	pub, err := s.publication(ctx, tf)
 	if err != nil {
 		fs = append(fs, failed(checkPublication, "read publication "+t.publication, err))
 	} else {
 		fs = append(fs, classifyPublication(t, tf, pub)...)
 		fs = append(fs, classifyGenerated(t, tf, pub)...)
 	}
-	sl, err := ss.slot(ctx)
+	var sl slotFacts
+	sl.Info, err = slot.ReadSlot(ctx, ss.db, t.slot)
 	if err != nil {
 		fs = append(fs, failed(checkSlot, "read replication slot "+t.slot, err))
 	} else {
-		sl.publicationMissing = !pub.exists
+		sl.publicationMissing = !pub.Exists
 		sl.noReplication = roleOK.ok() && !role.super && !role.replication && !role.rdsReplication
 		fs = append(fs, classifySlot(t, sl))
 	}
@@ -139,7 +140,7 @@ func databaseChecks(ctx context.Context, cfg config.Config, opts Options) []Find
 	if prepared, long, err := s.transactions(ctx); err != nil {
 		fs = append(fs, failed(checkTransactions, "read open transactions (pg_prepared_xacts, pg_stat_activity)", err))
 	} else {
-		fs = append(fs, classifyTransactions(prepared, long, sl.exists)...)
+		fs = append(fs, classifyTransactions(prepared, long, sl.Exists)...)
 	}
 	fs = append(fs, slotLock(ctx, cfg, opts))
 	return fs
@@ -290,7 +291,6 @@ func (s *session) role(ctx context.Context) (roleFacts, Finding) {
 // (into r). A non-OK Finding means it could not.
 func (s *session) table(ctx context.Context, r *roleFacts) (tableFacts, Finding) {
 	var tf tableFacts
-	var oid uint32
 	var owns, createDB bool
 	err := s.db.QueryRow(ctx, `
 		SELECT c.oid, c.relkind::text, pg_get_userbyid(c.relowner),
@@ -299,7 +299,7 @@ func (s *session) table(ctx context.Context, r *roleFacts) (tableFacts, Finding)
 		       has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'DELETE')
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relname = $2`, s.t.schema, s.t.table).
-		Scan(&oid, &tf.kind, &tf.owner, &owns, &createDB, &r.schemaUsage, &r.selectPriv, &r.deletePriv)
+		Scan(&tf.oid, &tf.kind, &tf.owner, &owns, &createDB, &r.schemaUsage, &r.selectPriv, &r.deletePriv)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return tf, Finding{}
@@ -315,7 +315,7 @@ func (s *session) table(ctx context.Context, r *roleFacts) (tableFacts, Finding)
 		JOIN pg_type t ON t.oid = a.atttypid
 		LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
 		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
-		ORDER BY a.attnum`, oid)
+		ORDER BY a.attnum`, tf.oid)
 	if err != nil {
 		return tf, failed(checkTable, "read the columns of "+s.t.qualified(), err)
 	}
@@ -347,49 +347,6 @@ func (s *session) table(ctx context.Context, r *roleFacts) (tableFacts, Finding)
 		return tf, failed(checkTable, "read the columns of "+s.t.qualified(), err)
 	}
 	return tf, Finding{}
-}
-
-func (s *session) slot(ctx context.Context) (slotFacts, error) {
-	var sf slotFacts
-	var raw []byte
-	var retained *string
-	err := s.db.QueryRow(ctx, `
-		SELECT to_jsonb(s),
-		       CASE WHEN pg_is_in_recovery() OR s.restart_lsn IS NULL THEN NULL
-		            ELSE pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)) END
-		FROM pg_replication_slots s WHERE slot_name = $1`, s.t.slot).Scan(&raw, &retained)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return sf, nil
-	}
-	if err != nil {
-		return sf, err
-	}
-	var row struct {
-		Type      string  `json:"slot_type"`
-		Plugin    *string `json:"plugin"`
-		Database  *string `json:"database"`
-		Temporary bool    `json:"temporary"`
-		Active    bool    `json:"active"`
-		ActivePID *int    `json:"active_pid"`
-		WALStatus *string `json:"wal_status"` // PostgreSQL 13+
-	}
-	if err := json.Unmarshal(raw, &row); err != nil {
-		return sf, fmt.Errorf("decode pg_replication_slots row: %w", err)
-	}
-	sf.exists, sf.slotType, sf.temporary, sf.active = true, row.Type, row.Temporary, row.Active
-	sf.plugin, sf.database, sf.walStatus = deref(row.Plugin), deref(row.Database), deref(row.WALStatus)
-	if row.ActivePID != nil {
-		sf.activePID = *row.ActivePID
-	}
-	sf.retained = deref(retained)
-	return sf, nil
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 // replicationConnection opens a connection the way the relay's replication
