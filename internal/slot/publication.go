@@ -227,14 +227,6 @@ func (p PublicationFacts) OIDs() []uint32 {
 	return oids
 }
 
-// Kin returns those of oids that share a partition or inheritance tree
-// with the relation table (itself, a partition or child at any depth, an
-// ancestor, a sibling).
-func Kin(ctx context.Context, db *pgx.Conn, table uint32, oids []uint32) (map[uint32]bool, error) {
-	kin, _, err := tree(ctx, db, table, oids)
-	return kin, err
-}
-
 // tree returns those of oids that share a partition or inheritance tree
 // with the relation table (kin): any relation whose ancestors (pg_inherits,
 // which holds partitions too, followed to the top) meet the table's; and
@@ -278,7 +270,7 @@ func ClassifyLeftovers(ctx context.Context, db *pgx.Conn, table Relation, seen m
 		oids = append(oids, oid)
 	}
 	slices.Sort(oids)
-	kin, err := Kin(ctx, db, table.OID, oids)
+	kin, _, err := tree(ctx, db, table.OID, oids)
 	if err != nil {
 		return nil, err
 	}

@@ -110,30 +110,25 @@ func GeneratedProblems(s Scope, p PublicationFacts, cols Columns, m Mapped) []Pr
 		if name == "" || kind == "" || (kind == "s" && p.GenColsStored) {
 			continue
 		}
-		reason, remedy := GeneratedReason(s.Publication, Relation{Schema: s.Schema, Name: s.Table}, Generated{Name: name, Kind: kind})
+		reason, remedy := generatedReason(s, name, kind)
 		ps = append(ps, Problem{Fatal: true, Err: ErrPublication, Message: reason + "; the relay refuses to start", Remedy: remedy})
 	}
 	return ps
 }
 
-// Generated is a generated column of the outbox table, as pg_attribute
-// says: Kind is attgenerated ("s" stored, "v" virtual, PostgreSQL 18).
-type Generated struct {
-	Name, Kind string
-}
-
-// GeneratedReason says why generated column g never reaches the relay
-// through publication pub, and what to do.
-func GeneratedReason(pub string, table Relation, g Generated) (reason, remedy string) {
-	col := pgx.Identifier{g.Name}.Sanitize()
+// generatedReason says why the generated column name (attgenerated kind)
+// never reaches the relay through the publication, and what to do. Unlike
+// the other rules it quotes every name, whoever asks (check always did).
+func generatedReason(s Scope, name, kind string) (reason, remedy string) {
+	col, table := pgx.Identifier{name}.Sanitize(), pgx.Identifier{s.Schema, s.Table}.Sanitize()
 	remedy = "make it a plain column filled by the application or a BEFORE INSERT trigger, or point the CDCRELAY_*_COLUMN setting at another column"
-	if g.Kind == "v" {
+	if kind == "v" {
 		return fmt.Sprintf("column %s of %s is GENERATED ALWAYS AS (…) VIRTUAL: logical replication never publishes virtual generated columns, so every row would reach the relay without it",
-			col, table.Qualified()), remedy
+			col, table), remedy
 	}
 	return fmt.Sprintf("column %s of %s is GENERATED ALWAYS AS (…) STORED: PostgreSQL before 18 does not publish generated columns (18 does only with publish_generated_columns = stored), so every row would reach the relay without it",
-			col, table.Qualified()),
-		remedy + fmt.Sprintf("; on PostgreSQL 18: ALTER PUBLICATION %s SET (publish_generated_columns = stored)", pgx.Identifier{pub}.Sanitize())
+			col, table),
+		remedy + fmt.Sprintf("; on PostgreSQL 18: ALTER PUBLICATION %s SET (publish_generated_columns = stored)", pgx.Identifier{s.Publication}.Sanitize())
 }
 
 func viaRootOption(relkind string) string {
