@@ -3,10 +3,10 @@ package preflight
 import (
 	"fmt"
 	"regexp"
-	"slices"
 	"strings"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // This file turns facts read from the server into findings. It does no I/O,
@@ -48,14 +48,32 @@ type target struct {
 // qualified is the table's name as SQL, parts quoted where needed.
 func (t target) qualified() string { return quoteIdent(t.schema) + "." + quoteIdent(t.table) }
 
-// createPublicationSQL is the statement cdcrelay migrate (and the relay)
-// would run: a partitioned table (relkind p) is published through its root.
-func (t target) createPublicationSQL(relkind string) string {
-	via := ""
-	if relkind == "p" {
-		via = ", publish_via_partition_root = true"
+// scope is what the rule book (internal/slot) judges the facts against;
+// check's remedies quote identifiers only where SQL needs it.
+func (t target) scope() slot.Scope {
+	return slot.Scope{
+		Target: slot.Target{Publication: t.publication, Slot: t.slot, Schema: t.schema, Table: t.table},
+		Quote:  quoteIdent, RecreateLost: t.slotLost == config.SlotLostRecreate,
 	}
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s);", quoteIdent(t.publication), t.qualified(), via)
+}
+
+// mapped are the configured columns, as the rule book takes them.
+func (t target) mapped() slot.Mapped {
+	return slot.Mapped{Required: []string{t.id, t.key, t.payload}, Optional: []string{t.headers, t.exch, t.msgType}}
+}
+
+// findings turns the rule book's problems into check's findings: a fatal
+// problem (the relay refuses to stream) is an Error, any other a Warn.
+func findings(check string, ps []slot.Problem) []Finding {
+	fs := make([]Finding, 0, len(ps))
+	for _, p := range ps {
+		sev := Warn
+		if p.Fatal {
+			sev = Error
+		}
+		fs = append(fs, Finding{Check: check, Severity: sev, Message: p.Message, Remedy: p.Remedy})
+	}
+	return fs
 }
 
 // publishedAtColumn is the column the janitor sets once the broker acked a
@@ -240,217 +258,45 @@ func classifyPrivileges(t target, r roleFacts) []Finding {
 	return fs
 }
 
-// pubFacts describe the publication and what it covers.
-type pubFacts struct {
-	exists                           bool
-	allTables, viaRoot               bool
-	insert, update, delete, truncate bool
-	covers                           bool
-	others                           []string // other tables published, schema.table
-	kin                              []string // those of others of the outbox's partition or inheritance tree
-	rowFilter                        string   // PostgreSQL 15+: the table's row filter
-	columns                          []string // PostgreSQL 15+: published columns; nil when unknown
-	canCreate                        bool     // the role owns the table and may CREATE in the database
-	genColsStored                    bool     // PostgreSQL 18: publish_generated_columns = stored
-}
-
-func classifyPublication(t target, tf tableFacts, p pubFacts) []Finding {
-	if !p.exists {
-		return []Finding{missingPublication(t, tf, p)}
-	}
-	pub := quoteIdent(t.publication)
-	var fs []Finding
-	bad := func(sev Severity, msg, remedy string) {
-		fs = append(fs, Finding{Check: checkPublication, Severity: sev, Message: msg, Remedy: remedy})
-	}
-	setInsert := fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert');", pub)
-	if !p.insert {
-		bad(Error, fmt.Sprintf("publication %s does not publish inserts: the relay would receive no events", t.publication), setInsert)
-	}
-	var extra []string
-	for _, op := range []struct {
-		on   bool
-		name string
-	}{{p.update, "update"}, {p.delete, "delete"}, {p.truncate, "truncate"}} {
-		if op.on {
-			extra = append(extra, op.name)
-		}
-	}
-	if len(extra) > 0 {
-		// The relay streams such a publication (it skips what is not an
-		// insert), so this is a warning: it costs, it does not break.
-		bad(Warn, fmt.Sprintf("publication %s also publishes %s: the relay works, but the walsender decodes every such change (the relay's own published_at updates and retention deletes among them) and sends it to the relay, which discards it: WAL decoding, network traffic and row data outside the insert-only scope the outbox needs",
-			t.publication, strings.Join(extra, ", ")), setInsert+" (publish inserts only)")
-	}
-	switch {
-	case p.allTables && len(p.others) == 0:
-		// cdcrelay run refuses FOR ALL TABLES even while the outbox is
-		// the only table: the next table created would join it.
-		bad(Error, fmt.Sprintf("publication %s is FOR ALL TABLES: the relay refuses it (any table created later would be published too); it needs a publication of %s alone", t.publication, t.qualified()),
-			fmt.Sprintf("give the relay a publication of its own: %s (and set CDCRELAY_PUBLICATION)", t.createPublicationSQL(tf.kind)))
-	case !p.covers && p.allTables:
-		bad(Error, fmt.Sprintf("publication %s is FOR ALL TABLES but does not list %s", t.publication, t.qualified()),
-			"check CDCRELAY_TABLE and that the table is an ordinary, non-temporary table")
-	case !p.covers && tf.kind == "":
-		// No publication can cover a table that is not there: the likely
-		// slip is CDCRELAY_TABLE (the table finding says it is missing).
-		remedy := fmt.Sprintf("set CDCRELAY_TABLE to the outbox table; or create %s (`cdcrelay migrate`), then add it: ALTER PUBLICATION %s ADD TABLE %s;", t.qualified(), pub, t.qualified())
-		if len(p.others) > 0 {
-			remedy = fmt.Sprintf("set CDCRELAY_TABLE to the table publication %s publishes (%s), or create %s with `cdcrelay migrate`", t.publication, strings.Join(p.others, ", "), t.qualified())
-		}
-		bad(Error, fmt.Sprintf("publication %s cannot cover %s, which does not exist", t.publication, t.qualified()), remedy)
-	case !p.covers:
-		bad(Error, fmt.Sprintf("publication %s does not cover %s: the relay would receive no events", t.publication, t.qualified()),
-			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s;", pub, t.qualified()))
-	}
-	if p.covers && tf.kind == "p" && !p.viaRoot {
-		bad(Error, fmt.Sprintf("%s is partitioned and publication %s publishes its rows under each partition's name, which the relay does not map", t.qualified(), t.publication),
-			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub))
-	}
-	if p.covers && p.rowFilter != "" {
-		bad(Warn, fmt.Sprintf("publication %s publishes only the rows of %s matching WHERE %s: other rows are never relayed", t.publication, t.qualified(), p.rowFilter),
-			fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s; (no row filter)", pub, t.qualified()))
-	}
-	if p.covers && p.columns != nil {
-		fs = append(fs, classifyColumnList(t, tf, p)...)
-	}
-	if p.covers {
-		fs = append(fs, classifyOthers(t, tf, p)...)
-	}
+// classifyPublication reports the publication's problems
+// (slot.PublicationProblems, which the relay refuses to stream on too),
+// or that it is as the relay needs.
+func classifyPublication(t target, tf tableFacts, p slot.PublicationFacts) []Finding {
+	fs := findings(checkPublication, slot.PublicationProblems(t.scope(), tf.facts(t), p, tf.mappedColumns(), t.mapped()))
 	if len(fs) == 0 {
 		fs = append(fs, Finding{Check: checkPublication, Message: fmt.Sprintf("%s publishes inserts only, of %s", t.publication, t.qualified())})
 	}
 	return fs
 }
 
-// missingPublication is the finding for a publication that does not
-// exist: who could create it, if anyone.
-func missingPublication(t target, tf tableFacts, p pubFacts) Finding {
-	f := Finding{Check: checkPublication, Severity: Error,
-		Message: fmt.Sprintf("publication %s does not exist", t.publication),
-		Remedy:  fmt.Sprintf("run `cdcrelay migrate` as the owner of %s, or: %s", t.qualified(), t.createPublicationSQL(tf.kind))}
-	switch {
-	case tf.kind == "":
-		// The table finding says why; no role could create a
-		// publication of a table that is not there.
-		f.Message += fmt.Sprintf(", nor does table %s it must publish", t.qualified())
-		f.Remedy = "run `cdcrelay migrate` (as the schema owner) against this database: it creates both"
-	case p.canCreate:
-		// run creates it at start, as this role may: it works, so
-		// this is a warning, not an error.
-		f.Severity = Warn
-		f.Message += fmt.Sprintf(" (the relay would create it at start only because role %s owns the table; create it with the schema so the relay can run as a least-privilege role)", t.role)
-	default:
-		f.Message += fmt.Sprintf("; role %s cannot create it (it needs to own %s and have CREATE on the database), so the relay cannot start", t.role, t.qualified())
-	}
-	return f
-}
-
-// classifyOthers judges the other tables a publication covering the
-// outbox also publishes: FOR ALL TABLES, or one of the outbox's tree
-// (whose rows may be outbox rows under another name), is refused by run;
-// any other is foreign, and run skips its inserts (invariant 9).
-func classifyOthers(t target, tf tableFacts, p pubFacts) []Finding {
-	pub := quoteIdent(t.publication)
-	own := fmt.Sprintf("give the relay a publication of its own: %s (and set CDCRELAY_PUBLICATION), or ALTER PUBLICATION %s SET TABLE %s;", t.createPublicationSQL(tf.kind), pub, t.qualified())
-	if p.allTables && len(p.others) > 0 {
-		return []Finding{{Check: checkPublication, Severity: Error, Remedy: own,
-			Message: fmt.Sprintf("publication %s also covers every table (FOR ALL TABLES): %s: the relay refuses to stream it, since any table created later would be published too", t.publication, listSome(p.others, 5))}}
-	}
-	if len(p.kin) > 0 {
-		return []Finding{{Check: checkPublication, Severity: Error, Remedy: own,
-			Message: fmt.Sprintf("publication %s also covers %s, of the partition or inheritance tree of %s: the relay refuses to stream it, since such a row may be an outbox row under another name, and it stops there rather than skip it", t.publication, listSome(p.kin, 5), t.qualified())}}
-	}
-	var foreign []string
-	for _, name := range p.others {
-		if !slices.Contains(p.kin, name) {
-			foreign = append(foreign, name)
-		}
-	}
-	if len(foreign) == 0 {
-		return nil
-	}
-	return []Finding{{Check: checkPublication, Severity: Warn,
-		Message: fmt.Sprintf("publication %s also covers %s, which is not the outbox: the relay skips its inserts (a warning per table and session, cdcrelay_foreign_inserts_skipped_total), but the walsender decodes and sends every one of them", t.publication, listSome(foreign, 5)),
-		Remedy:  fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s; (unless another consumer needs it: then give the relay a publication of its own)", pub, strings.Join(foreign, ", "))}}
-}
-
-func listSome(names []string, n int) string {
-	if len(names) <= n {
-		return strings.Join(names, ", ")
-	}
-	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
-}
-
-// slotFacts describe the replication slot.
+// slotFacts are the slot's (slot.ReadSlot), and why check cannot create
+// it yet.
 type slotFacts struct {
-	exists             bool
-	slotType, plugin   string
-	database           string // "" for a physical slot
-	temporary, active  bool
-	activePID          int
-	walStatus          string // "" before PostgreSQL 13
-	retained           string // WAL held back, e.g. "12 MB"; "" unknown
-	publicationMissing bool   // the slot cannot be created yet
-	noReplication      bool   // nor by this role
+	slot.Info
+	publicationMissing bool // the slot cannot be created yet
+	noReplication      bool // nor by this role
 }
 
+// classifySlot reports the slot's first problem (slot.SlotProblems, which
+// the relay refuses to stream on too), or what it is.
 func classifySlot(t target, s slotFacts) Finding {
 	f := Finding{Check: checkSlot}
-	drop := fmt.Sprintf("SELECT pg_drop_replication_slot('%s'); (when no relay uses it)", t.slot)
+	ps := slot.SlotProblems(t.scope(), s.Info)
 	switch {
-	case !s.exists:
+	case len(ps) > 0:
+		f = findings(checkSlot, ps)[0]
+	case !s.Exists:
 		f.Message = fmt.Sprintf("slot %s does not exist yet: the relay creates it (permanent, pgoutput) on its first start, after the publication, and publishes rows with published_at IS NULL from its snapshot", t.slot)
-	case s.slotType != "logical" || s.plugin != "pgoutput":
-		kind := s.slotType
-		if s.plugin != "" {
-			kind += " slot with plugin " + s.plugin
-		} else {
-			kind += " slot"
-		}
-		f.Severity = Error
-		f.Message = fmt.Sprintf("slot %s is a %s; the relay needs a logical pgoutput slot", t.slot, kind)
-		f.Remedy = fmt.Sprintf("set CDCRELAY_SLOT to an unused name, or drop the slot: %s", drop)
-	case s.database != t.database:
-		f.Severity = Error
-		f.Message = fmt.Sprintf("slot %s belongs to database %s, not %s", t.slot, s.database, t.database)
-		f.Remedy = "set CDCRELAY_SLOT to a name of its own for this database (slot names are cluster-wide)"
-	case s.walStatus == "lost" && t.slotLost == config.SlotLostRecreate:
-		// run drops and recreates it (CDCRELAY_SLOT_LOST=recreate): it
-		// works, with a backfill and duplicates, so a warning.
-		f.Severity = Warn
-		f.Message = fmt.Sprintf("slot %s is invalidated (wal_status lost): WAL it still needed was removed (max_slot_wal_keep_size); with CDCRELAY_SLOT_LOST=recreate the relay drops it, creates a new one and publishes every row with published_at IS NULL from its snapshot (consumers see duplicates)", t.slot)
-		f.Remedy = "find why the relay fell so far behind (docs/runbook.md), and raise max_slot_wal_keep_size if outages that long must be ridden out"
-	case s.walStatus == "lost":
-		f.Severity = Error
-		f.Message = fmt.Sprintf("slot %s is invalidated (wal_status lost): WAL it still needed was removed (max_slot_wal_keep_size), and CDCRELAY_SLOT_LOST=%s makes the relay stop", t.slot, t.slotLost)
-		f.Remedy = fmt.Sprintf("drop it and start the relay, which recreates it and publishes rows with published_at IS NULL from the new slot's snapshot: %s; or set CDCRELAY_SLOT_LOST=recreate", drop)
-	case s.temporary:
-		f.Severity = Error
-		f.Message = fmt.Sprintf("slot %s is temporary: it disappears with its session and the relay's position with it", t.slot)
-		f.Remedy = "set CDCRELAY_SLOT to an unused name; the relay creates a permanent slot"
 	default:
-		f.Message = fmt.Sprintf("slot %s exists (pgoutput, database %s", t.slot, s.database)
-		if s.walStatus != "" {
-			f.Message += ", wal_status " + s.walStatus
-		}
-		if s.retained != "" {
-			f.Message += ", retaining " + s.retained + " of WAL"
-		}
-		f.Message += ")"
-		if s.walStatus == "unreserved" {
-			f.Severity = Warn
-			f.Message += ": it is about to pass max_slot_wal_keep_size and be invalidated"
-			f.Remedy = "get the relay streaming now (see its logs), or raise max_slot_wal_keep_size"
-		}
-		if s.active {
-			f.Message += fmt.Sprintf("; active (pid %d): another relay is streaming (hot standby will wait)", s.activePID)
-		}
+		f.Message = s.Summary(t.slot)
 	}
-	if !s.exists && s.publicationMissing {
+	if s.Active && !s.Lost && f.Severity != Error {
+		f.Message += fmt.Sprintf("; active (pid %d): another relay is streaming (hot standby will wait)", s.ActivePID)
+	}
+	if !s.Exists && s.publicationMissing {
 		f.Message += "; it needs the publication first"
 	}
-	if !s.exists && s.noReplication {
+	if !s.Exists && s.noReplication {
 		f.Message += "; it needs a role with REPLICATION"
 	}
 	return f

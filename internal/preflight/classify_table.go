@@ -22,6 +22,7 @@ type column struct {
 // tableFacts describe the outbox table; kind is pg_class.relkind, "" when
 // there is no such relation.
 type tableFacts struct {
+	oid     uint32
 	kind    string
 	owner   string
 	columns []column
@@ -39,23 +40,30 @@ func (tf tableFacts) column(name string) (column, bool) {
 	return column{}, false
 }
 
+// facts are the table's facts as the rule book (internal/slot) takes them.
+func (tf tableFacts) facts(t target) slot.TableFacts {
+	return slot.TableFacts{Relation: slot.Relation{OID: tf.oid, Schema: t.schema, Name: t.table, Kind: tf.kind}, Database: t.database, Role: t.role}
+}
+
+// mappedColumns are the table's columns, each with its attgenerated.
+func (tf tableFacts) mappedColumns() slot.Columns {
+	cols := slot.Columns{}
+	for _, c := range tf.columns {
+		cols[c.name] = tf.generated[c.name]
+	}
+	return cols
+}
+
+// classifyTable reports the table's problem (slot.TableProblems, which the
+// relay refuses to stream on too), or that it exists. It passes no
+// publication facts: the publication's finding names what that publishes.
 func classifyTable(t target, tf tableFacts) Finding {
-	f := Finding{Check: checkTable}
-	switch tf.kind {
-	case "r":
-		f.Message = fmt.Sprintf("%s exists (owner %s)", t.qualified(), tf.owner)
-	case "p":
+	if ps := slot.TableProblems(t.scope(), tf.facts(t), slot.PublicationFacts{}); len(ps) > 0 {
+		return findings(checkTable, ps)[0]
+	}
+	f := Finding{Check: checkTable, Message: fmt.Sprintf("%s exists (owner %s)", t.qualified(), tf.owner)}
+	if tf.kind == "p" {
 		f.Message = fmt.Sprintf("%s exists, partitioned (owner %s)", t.qualified(), tf.owner)
-	case "":
-		// Whatever the role may do: a missing table is not a privilege
-		// problem (pg_class lists every table to every role).
-		f.Severity = Error
-		f.Message = fmt.Sprintf("table %s does not exist in database %s", t.qualified(), t.database)
-		f.Remedy = "run `cdcrelay migrate` (as the schema owner) against this database, or point CDCRELAY_DATABASE_URL at the service's database, or set CDCRELAY_TABLE to the outbox table"
-	default:
-		f.Severity = Error
-		f.Message = fmt.Sprintf("%s is not a table (relkind %s): only a table's inserts are decoded", t.qualified(), tf.kind)
-		f.Remedy = "set CDCRELAY_TABLE to the outbox table itself"
 	}
 	return f
 }
@@ -154,23 +162,11 @@ func classifyColumn(t target, tf tableFacts, name string, r columnRule) Finding 
 	return f
 }
 
-// classifyGenerated refuses a mapped column that is generated: pgoutput
-// leaves it out of every row (before PostgreSQL 18 always; 18 sends stored
-// ones only with publish_generated_columns = stored), so the relay would
-// publish the backlog from the table and then stop at the first streamed
-// row, or send every event without an optional column. The relay refuses
-// it at start for the same reason (slot.CheckGenerated).
-func classifyGenerated(t target, tf tableFacts, p pubFacts) []Finding {
-	var fs []Finding
-	for _, name := range []string{t.id, t.key, t.payload, t.headers, t.exch, t.msgType} {
-		kind := tf.generated[name]
-		if name == "" || kind == "" || (kind == "s" && p.genColsStored) {
-			continue
-		}
-		reason, remedy := slot.GeneratedReason(t.publication, slot.Relation{Schema: t.schema, Name: t.table}, slot.Generated{Name: name, Kind: kind})
-		fs = append(fs, Finding{Check: checkMapping, Severity: Error, Message: reason + "; the relay refuses to start", Remedy: remedy})
-	}
-	return fs
+// classifyGenerated refuses a mapped column that is generated, which
+// pgoutput leaves out of every row (slot.GeneratedProblems: the relay
+// refuses it at start too).
+func classifyGenerated(t target, tf tableFacts, p slot.PublicationFacts) []Finding {
+	return findings(checkMapping, slot.GeneratedProblems(t.scope(), p, tf.mappedColumns(), t.mapped()))
 }
 
 // nullFate says what the decoder (internal/wal) does with a row whose

@@ -3,11 +3,13 @@ package preflight
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 func TestWriteAlignsAndCounts(t *testing.T) {
@@ -321,31 +323,52 @@ func messages(fs []Finding) []string {
 	return out
 }
 
+// published builds publication facts for outboxColumns (OID 10): covers
+// lists the outbox; others are further tables (schema.table), kin those of
+// them in the outbox's tree; set sets the rest.
+func published(covers bool, others, kin []string, set func(*slot.PublicationFacts)) slot.PublicationFacts {
+	p := slot.PublicationFacts{Exists: true, Insert: true, Kin: map[uint32]bool{}}
+	if covers {
+		p.Tables = append(p.Tables, slot.Relation{OID: 10, Schema: "public", Name: "event_outbox", Kind: "r"})
+	}
+	for i, name := range others {
+		schema, table, _ := strings.Cut(name, ".")
+		rel := slot.Relation{OID: uint32(100 + i), Schema: schema, Name: table, Kind: "r"}
+		p.Tables = append(p.Tables, rel)
+		p.Kin[rel.OID] = slices.Contains(kin, name)
+	}
+	if set != nil {
+		set(&p)
+	}
+	return p
+}
+
 func TestClassifyPublication(t *testing.T) {
-	good := pubFacts{exists: true, insert: true, covers: true}
+	good := published(true, nil, nil, nil)
 	tf := outboxColumns()
+	tf.oid = 10
 	if fs := classifyPublication(tgt, tf, good); len(fs) != 1 || fs[0].Severity != OK {
 		t.Fatal(fs)
 	}
 	for name, c := range map[string]struct {
-		p       pubFacts
+		p       slot.PublicationFacts
 		errs    int
 		warns   int
 		message string
 	}{
-		"missing":                     {pubFacts{}, 1, 0, "does not exist"},
-		"missing, ours":               {pubFacts{canCreate: true}, 0, 1, "the relay would create it"},
-		"updates":                     {pubFacts{exists: true, insert: true, update: true, covers: true}, 0, 1, "also publishes update:"},
-		"all ops":                     {pubFacts{exists: true, insert: true, update: true, delete: true, truncate: true, covers: true}, 0, 1, "update, delete, truncate: the relay works, but the walsender decodes every such change"},
-		"all tables, only the outbox": {pubFacts{exists: true, allTables: true, insert: true, covers: true}, 1, 0, "is FOR ALL TABLES: the relay refuses it"},
-		"no inserts":                  {pubFacts{exists: true, covers: true}, 1, 0, "does not publish inserts"},
-		"other table":                 {pubFacts{exists: true, insert: true}, 1, 0, "does not cover public.event_outbox"},
-		"also others":                 {pubFacts{exists: true, insert: true, covers: true, others: []string{"public.a", "public.b"}}, 0, 1, "also covers public.a, public.b, which is not the outbox: the relay skips its inserts"},
-		"also a partition":            {pubFacts{exists: true, insert: true, covers: true, others: []string{"public.a", "public.event_outbox_1"}, kin: []string{"public.event_outbox_1"}}, 1, 0, "also covers public.event_outbox_1, of the partition or inheritance tree"},
-		"all tables":                  {pubFacts{exists: true, allTables: true, insert: true, covers: true, others: []string{"a", "b", "c", "d", "e", "f"}}, 1, 0, "every table (FOR ALL TABLES): a, b, c, d, e and 1 more"},
-		"row filter":                  {pubFacts{exists: true, insert: true, covers: true, rowFilter: "(routing_key <> 'x')"}, 0, 1, "WHERE (routing_key <> 'x')"},
-		"column list":                 {pubFacts{exists: true, insert: true, covers: true, columns: []string{"id", "routing_key"}}, 1, 0, "leaves out payload"},
-		"full list":                   {pubFacts{exists: true, insert: true, covers: true, columns: []string{"id", "routing_key", "payload", "published_at"}}, 0, 0, "publishes inserts only"},
+		"missing":                     {slot.PublicationFacts{}, 1, 0, "does not exist"},
+		"missing, ours":               {slot.PublicationFacts{CanCreate: true}, 0, 1, "the relay would create it"},
+		"updates":                     {published(true, nil, nil, func(p *slot.PublicationFacts) { p.Update = true }), 0, 1, "also publishes update:"},
+		"all ops":                     {published(true, nil, nil, func(p *slot.PublicationFacts) { p.Update, p.Delete, p.Truncate = true, true, true }), 0, 1, "update, delete, truncate: the relay works, but the walsender decodes every such change"},
+		"all tables, only the outbox": {published(true, nil, nil, func(p *slot.PublicationFacts) { p.AllTables = true }), 1, 0, "is FOR ALL TABLES: the relay refuses it"},
+		"no inserts":                  {published(true, nil, nil, func(p *slot.PublicationFacts) { p.Insert = false }), 1, 0, "does not publish inserts"},
+		"other table":                 {published(false, nil, nil, nil), 1, 0, "does not cover public.event_outbox"},
+		"also others":                 {published(true, []string{"public.a", "public.b"}, nil, nil), 0, 1, "also covers public.a, public.b, which is not the outbox: the relay skips its inserts"},
+		"also a partition":            {published(true, []string{"public.a", "public.event_outbox_1"}, []string{"public.event_outbox_1"}, nil), 1, 0, "also covers public.event_outbox_1, of the partition or inheritance tree"},
+		"all tables":                  {published(true, []string{"public.a", "public.b", "public.c", "public.d", "public.e", "public.f"}, nil, func(p *slot.PublicationFacts) { p.AllTables = true }), 1, 0, "every table (FOR ALL TABLES): public.a, public.b, public.c, public.d, public.e and 1 more"},
+		"row filter":                  {published(true, nil, nil, func(p *slot.PublicationFacts) { p.RowFilter = "(routing_key <> 'x')" }), 0, 1, "WHERE (routing_key <> 'x')"},
+		"column list":                 {published(true, nil, nil, func(p *slot.PublicationFacts) { p.Columns = []string{"id", "routing_key"} }), 1, 0, "leaves out payload"},
+		"full list":                   {published(true, nil, nil, func(p *slot.PublicationFacts) { p.Columns = []string{"id", "routing_key", "payload", "published_at"} }), 0, 0, "publishes inserts only"},
 	} {
 		fs := classifyPublication(tgt, tf, c.p)
 		e, w := severities(fs)
@@ -367,19 +390,20 @@ func TestClassifyPublication(t *testing.T) {
 	// does publish, never a publication of the missing one.
 	typo := tgt
 	typo.table = "event_outbx"
-	if fs := classifyPublication(typo, tableFacts{}, pubFacts{exists: true, insert: true, others: []string{"public.event_outbox"}}); len(fs) != 1 ||
+	if fs := classifyPublication(typo, tableFacts{}, published(false, []string{"public.event_outbox"}, nil, nil)); len(fs) != 1 ||
 		fs[0].Severity != Error || strings.Contains(fs[0].Remedy, "ALTER PUBLICATION") ||
 		!strings.Contains(fs[0].Remedy, "set CDCRELAY_TABLE to the table publication cdcrelay_outbox publishes (public.event_outbox)") {
 		t.Fatalf("missing table: %+v", fs)
 	}
-	if fs := classifyPublication(tgt, tf, pubFacts{}); !strings.Contains(fs[0].Remedy, "cdcrelay migrate") ||
+	if fs := classifyPublication(tgt, tf, slot.PublicationFacts{}); !strings.Contains(fs[0].Remedy, "cdcrelay migrate") ||
 		!strings.Contains(fs[0].Remedy, "CREATE PUBLICATION cdcrelay_outbox FOR TABLE public.event_outbox WITH (publish = 'insert');") {
 		t.Fatal(fs)
 	}
 }
 
 func TestClassifySlot(t *testing.T) {
-	ok := slotFacts{exists: true, slotType: "logical", plugin: "pgoutput", database: "app", walStatus: "reserved", retained: "56 bytes"}
+	ok := slotFacts{Info: slot.Info{Exists: true, Type: "logical", Plugin: "pgoutput", Database: "app", CurrentDatabase: "app", WALStatus: "reserved", Retained: "56 bytes"}}
+	lostSlot := func(s *slotFacts) { s.WALStatus, s.Lost, s.Invalidation = "lost", true, "wal_status lost" }
 	for name, c := range map[string]struct {
 		s       slotFacts
 		want    Severity
@@ -388,13 +412,13 @@ func TestClassifySlot(t *testing.T) {
 		"missing":        {slotFacts{}, OK, "does not exist yet: the relay creates it"},
 		"missing no pub": {slotFacts{publicationMissing: true}, OK, "needs the publication first"},
 		"good":           {ok, OK, "exists (pgoutput, database app, wal_status reserved, retaining 56 bytes of WAL)"},
-		"active":         {with(ok, func(s *slotFacts) { s.active, s.activePID = true, 42 }), OK, "another relay is streaming (hot standby will wait)"},
-		"plugin":         {with(ok, func(s *slotFacts) { s.plugin = "test_decoding" }), Error, "plugin test_decoding"},
-		"physical":       {with(ok, func(s *slotFacts) { s.slotType, s.plugin, s.database = "physical", "", "" }), Error, "physical slot"},
-		"other db":       {with(ok, func(s *slotFacts) { s.database = "billing" }), Error, "belongs to database billing"},
-		"lost":           {with(ok, func(s *slotFacts) { s.walStatus = "lost" }), Error, "wal_status lost"},
-		"unreserved":     {with(ok, func(s *slotFacts) { s.walStatus = "unreserved" }), Warn, "about to pass max_slot_wal_keep_size"},
-		"temporary":      {with(ok, func(s *slotFacts) { s.temporary = true }), Error, "temporary"},
+		"active":         {with(ok, func(s *slotFacts) { s.Active, s.ActivePID = true, 42 }), OK, "another relay is streaming (hot standby will wait)"},
+		"plugin":         {with(ok, func(s *slotFacts) { s.Plugin = "test_decoding" }), Error, "plugin test_decoding"},
+		"physical":       {with(ok, func(s *slotFacts) { s.Type, s.Plugin, s.Database = "physical", "", "" }), Error, "physical slot"},
+		"other db":       {with(ok, func(s *slotFacts) { s.Database = "billing" }), Error, "belongs to database billing"},
+		"lost":           {with(ok, lostSlot), Error, "wal_status lost"},
+		"unreserved":     {with(ok, func(s *slotFacts) { s.WALStatus = "unreserved" }), Warn, "about to pass max_slot_wal_keep_size"},
+		"temporary":      {with(ok, func(s *slotFacts) { s.Temporary = true }), Error, "temporary"},
 	} {
 		f := classifySlot(tgt, c.s)
 		if f.Severity != c.want || !strings.Contains(f.Message, c.message) || (f.Severity != OK && f.Remedy == "") {
@@ -403,7 +427,7 @@ func TestClassifySlot(t *testing.T) {
 	}
 	// A lost slot stops the relay only with CDCRELAY_SLOT_LOST=stop; with
 	// recreate (the default) run recreates it, so check warns.
-	lost := with(ok, func(s *slotFacts) { s.walStatus = "lost" })
+	lost := with(ok, lostSlot)
 	for policy, want := range map[string]Severity{config.SlotLostStop: Error, config.SlotLostRecreate: Warn} {
 		tg := tgt
 		tg.slotLost = policy

@@ -111,3 +111,12 @@ func standbyTrouble(f failoverFacts) string {
 	}
 	return strings.Join(parts, " and ")
 }
+
+// failoverCheck judges the slot's failover, on the slot's server.
+func failoverCheck(ctx context.Context, s *session) []Finding {
+	f, err := s.ss.failover(ctx, s.cfg.SlotFailover)
+	if err != nil {
+		return []Finding{failed(checkFailover, "read the server's failover settings", err)}
+	}
+	return classifyFailover(s.t, f)
+}

@@ -66,3 +66,11 @@ func classifyMarks(t target, f markFacts) Finding {
 	}
 	return Finding{Check: checkMarks, Message: msg}
 }
+
+// marksCheck judges the marks' layout, for a plain table.
+func marksCheck(ctx context.Context, s *session) []Finding {
+	if !s.tableErr.ok() || s.table.kind != "r" {
+		return nil
+	}
+	return []Finding{s.marks(ctx)}
+}

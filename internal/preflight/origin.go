@@ -58,3 +58,12 @@ func classifyOrigin(role string, f originFacts) Finding {
 	}
 	return fd
 }
+
+// originCheck judges whether the marks' transactions carry an origin.
+func originCheck(ctx context.Context, s *session) []Finding {
+	f, err := origins(ctx, s.cfg.MarkOrigin, s, s.ss)
+	if err != nil {
+		return []Finding{failed(checkOrigin, "read the replication origins and their grants", err)}
+	}
+	return []Finding{classifyOrigin(s.t.role, f)}
+}

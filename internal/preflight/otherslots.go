@@ -167,3 +167,12 @@ func classifyOtherSlots(t target, relayApp string, slots []otherSlot) []Finding 
 	}
 	return fs
 }
+
+// otherSlotsCheck judges the database's other logical slots.
+func otherSlotsCheck(ctx context.Context, s *session) []Finding {
+	others, err := s.otherSlots(ctx)
+	if err != nil {
+		return []Finding{failed(checkOtherSlots, "list the other replication slots of database "+s.t.database, err)}
+	}
+	return classifyOtherSlots(s.t, relayApplicationName(s.cfg), others)
+}

@@ -83,7 +83,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) []Finding {
 		opts.Timeout = DefaultTimeout
 	}
 	var fs []Finding
-	fs = append(fs, databaseChecks(ctx, cfg, opts)...)
+	fs = append(fs, database(ctx, cfg, opts)...)
 	fs = append(fs, brokerChecks(ctx, cfg, opts)...)
 	fs = append(fs, topologyChecks(ctx, cfg, managementURL(cfg), opts)...)
 	return scrub(fs, cfg.Scrub)

@@ -55,3 +55,11 @@ func classifyRetention(t target, tf tableFacts, indexed bool) Finding {
 	}
 	return Finding{Check: checkRetention, Message: "enqueued_at is indexed: retention reads only the expired rows"}
 }
+
+// retentionCheck judges what the retention stage walks, for a table.
+func retentionCheck(ctx context.Context, s *session) []Finding {
+	if !s.tableErr.ok() || (s.table.kind != "r" && s.table.kind != "p") {
+		return nil
+	}
+	return []Finding{s.retention(ctx, s.table)}
+}

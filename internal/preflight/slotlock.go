@@ -25,7 +25,7 @@ func slotLock(ctx context.Context, cfg config.Config, opts Options) Finding {
 	pc.Database = cfg.LockDatabase
 	pc.ConnectTimeout = opts.Timeout
 	pc.RuntimeParams["application_name"] = checkApplicationName
-	readOnly(&pc.Config) // as databaseChecks: after target_session_attrs is checked
+	readOnly(&pc.Config) // as connectPrimary: after target_session_attrs is checked
 	ctx, cancel := context.WithTimeout(ctx, 2*opts.Timeout)
 	defer cancel()
 	db, err := pgx.ConnectConfig(ctx, pc)
@@ -49,4 +49,9 @@ func slotLock(ctx context.Context, cfg config.Config, opts Options) Finding {
 	}
 	return Finding{Check: checkSlotLock, Message: fmt.Sprintf("database %s reachable for the slot lock; held by pid %d (application_name %q, client %s%s)",
 		cfg.LockDatabase, h.PID, h.ApplicationName, h.ClientAddr, since)}
+}
+
+// slotLockCheck reports the slot lock's database and holder.
+func slotLockCheck(ctx context.Context, s *session) []Finding {
+	return []Finding{slotLock(ctx, s.cfg, s.opts)}
 }

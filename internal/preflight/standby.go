@@ -105,3 +105,12 @@ func classifyStandby(where, role string, f standbyFacts) []Finding {
 	}
 	return fs
 }
+
+// standbyCheck judges the standby of CDCRELAY_REPLICATION_URL, when the
+// slot is there.
+func standbyCheck(ctx context.Context, s *session) []Finding {
+	if s.ss == s {
+		return nil
+	}
+	return standbyChecks(ctx, config.Redact(s.cfg.ReplicationURL), s, s.ss)
+}

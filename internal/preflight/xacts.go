@@ -97,3 +97,13 @@ func joinXacts(xs []openXact) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// transactionsCheck judges the open transactions a new slot would wait
+// for.
+func transactionsCheck(ctx context.Context, s *session) []Finding {
+	prepared, long, err := s.transactions(ctx)
+	if err != nil {
+		return []Finding{failed(checkTransactions, "read open transactions (pg_prepared_xacts, pg_stat_activity)", err)}
+	}
+	return classifyTransactions(prepared, long, s.slot.Exists)
+}

@@ -323,7 +323,7 @@ func TestIntegrationOutboxPublicationRefused(t *testing.T) {
 	if _, err := e.db.Exec(ctx, `CREATE TABLE outbox_child () INHERITS (event_outbox); ALTER PUBLICATION cdcrelay_outbox ADD TABLE outbox_child`); err != nil {
 		t.Fatal(err)
 	}
-	identityRefused(t, e, nil, `also publishes "public"."outbox_child", of the same partition or inheritance tree`)
+	identityRefused(t, e, nil, `also covers "public"."outbox_child", of the partition or inheritance tree of "public"."event_outbox"`)
 	if _, err := e.db.Exec(ctx, `DROP TABLE outbox_child; DROP TABLE event_outbox`); err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +390,7 @@ func TestIntegrationMigrateIntoSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := migrate(e.pg.URL("other"))
-	if err == nil || !strings.Contains(out, `publication cdcrelay_outbox does not publish "orders"."event_outbox"`) {
+	if err == nil || !strings.Contains(out, `publication cdcrelay_outbox does not cover "orders"."event_outbox"`) {
 		t.Fatalf("migrate over a publication of another table: %v\n%s", err, out)
 	}
 	t.Logf("migrate into orders: no public.event_outbox, %d rows (3 backfilled) delivered and marked; over a publication of public.event_outbox: %s",

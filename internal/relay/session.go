@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -132,6 +131,9 @@ func (r *Relay) session(ctx context.Context) (err error) {
 // created or dropped, canAdopt checks what an adoption needs.
 func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info, interval time.Duration, adopting bool, err error) {
 	info, interval, err = r.inspect(ctx, db, sdb)
+	if info.Lost { // refused by inspect (ErrSlotLost) with CDCRELAY_SLOT_LOST=stop, else recreated below
+		r.metrics.slotLost.Inc()
+	}
 	if err != nil {
 		return info, interval, false, err
 	}
@@ -140,10 +142,6 @@ func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info,
 	}
 	switch {
 	case info.Lost:
-		r.metrics.slotLost.Inc()
-		if r.cfg.SlotLost == config.SlotLostStop {
-			return info, 0, false, fmt.Errorf("%w: slot %s was invalidated (%s); events committed after its position may never have been published; set CDCRELAY_SLOT_LOST=recreate to recreate it and publish every row with published_at IS NULL", slot.ErrSlotLost, r.cfg.Slot, info.Invalidation)
-		}
 		if err := r.canAdopt(ctx, sdb); err != nil {
 			return info, 0, false, err
 		}
@@ -190,7 +188,7 @@ func (r *Relay) inspect(ctx context.Context, db, sdb *pgx.Conn) (slot.Info, time
 	if err != nil {
 		return slot.Info{}, 0, err
 	}
-	info, err := slot.Inspect(ctx, sdb, r.target)
+	info, err := slot.Inspect(ctx, sdb, r.target, r.cfg.SlotLost == config.SlotLostRecreate)
 	if err != nil {
 		return info, interval, err
 	}

@@ -2,6 +2,7 @@ package slot
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -31,12 +32,22 @@ type Target struct {
 	Table       string
 }
 
-// Info is what Inspect found about the slot.
+// Info is what the catalog says about the slot (ReadSlot); SlotProblems
+// judges it.
 type Info struct {
-	Exists         bool
-	Active         bool // a walsender holds it (another relay streams)
-	Lost           bool // invalidated: wal_status = lost (max_slot_wal_keep_size), or a recovery conflict (16+)
-	ConfirmedFlush pglogrepl.LSN
+	Exists bool
+	// Type and Plugin are pg_replication_slots.slot_type and plugin;
+	// Database is the slot's database ("" for a physical slot), and
+	// CurrentDatabase that of the session that read it.
+	Type, Plugin, Database, CurrentDatabase string
+	Temporary                               bool
+	Active                                  bool // a walsender holds it (another relay streams)
+	ActivePID                               int
+	// WALStatus is wal_status ("" before PostgreSQL 13); Retained the WAL
+	// the slot holds back, e.g. "12 MB" ("" when unknown, as on a standby).
+	WALStatus, Retained string
+	Lost                bool // invalidated: wal_status = lost (max_slot_wal_keep_size), or a recovery conflict (16+)
+	ConfirmedFlush      pglogrepl.LSN
 	// Failover: a failover slot (17+), kept in step on standbys with
 	// sync_replication_slots. Synced: it was synchronized from a primary;
 	// on a primary that means this server was promoted since.
@@ -61,15 +72,14 @@ func EnsurePublication(ctx context.Context, db *pgx.Conn, t Target) (bool, error
 	if exists {
 		return false, nil
 	}
-	table, found, err := ResolveTable(ctx, db, t)
+	tf, err := ReadTable(ctx, db, t)
 	if err != nil {
 		return false, err
 	}
-	if !found {
-		_, err := CheckPublication(t.Publication, table, false, PublicationFacts{})
+	if err := Refusal(TableProblems(Scope{Target: t}, tf, PublicationFacts{})); err != nil {
 		return false, err
 	}
-	if _, err := db.Exec(ctx, createPublicationSQL(t.Publication, table)); err != nil {
+	if _, err := db.Exec(ctx, createPublicationSQL(t.Publication, tf.Relation)); err != nil {
 		if pgCode(err) == pgerr.DuplicateObject { // created concurrently by another replica
 			return false, nil
 		}
@@ -91,44 +101,66 @@ func StatusInterval(ctx context.Context, db *pgx.Conn, limit time.Duration) (tim
 	return limit, nil
 }
 
-// Inspect reads the slot's state and refuses a slot of another kind.
-func Inspect(ctx context.Context, db *pgx.Conn, t Target) (Info, error) {
+// Inspect reads the slot's state (ReadSlot) and refuses it on its first
+// fatal problem (SlotProblems): a slot of another kind or database, a
+// temporary one, or, unless recreateLost (CDCRELAY_SLOT_LOST=recreate),
+// an invalidated one.
+func Inspect(ctx context.Context, db *pgx.Conn, t Target, recreateLost bool) (Info, error) {
+	info, err := ReadSlot(ctx, db, t.Slot)
+	if err != nil {
+		return info, err
+	}
+	return info, Refusal(SlotProblems(Scope{Target: t, RecreateLost: recreateLost}, info))
+}
+
+// ReadSlot reads the slot named name and its adoption marker. The columns
+// PostgreSQL added after 13 are read through to_jsonb, so one statement
+// serves every version: a missing one is NULL.
+func ReadSlot(ctx context.Context, db *pgx.Conn, name string) (Info, error) {
 	var info Info
-	var plugin, slotType, walStatus, confirmed, reason *string
-	var sameDB, conflicting, failover, synced *bool
-	// The columns PostgreSQL added after 13 are read through to_jsonb, so
-	// one statement serves every version: a missing one is NULL.
+	var raw []byte
+	var retained *string
 	err := db.QueryRow(ctx, `
-		SELECT plugin, slot_type, database = current_database(), active, confirmed_flush_lsn::text, wal_status,
-		       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2),
-		       (to_jsonb(s)->>'conflicting')::bool, to_jsonb(s)->>'invalidation_reason',
-		       (to_jsonb(s)->>'failover')::bool, (to_jsonb(s)->>'synced')::bool
-		FROM pg_replication_slots s WHERE slot_name = $1`, t.Slot, MarkerName(t.Slot)).
-		Scan(&plugin, &slotType, &sameDB, &info.Active, &confirmed, &walStatus, &info.Adopting,
-			&conflicting, &reason, &failover, &synced)
-	if errors.Is(err, pgx.ErrNoRows) {
-		err = db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, MarkerName(t.Slot)).Scan(&info.Adopting)
-		if err != nil {
-			return info, fmt.Errorf("look up adoption marker: %w", err)
-		}
+		SELECT current_database(), EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2),
+		       (SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = $1),
+		       (SELECT CASE WHEN pg_is_in_recovery() OR s.restart_lsn IS NULL THEN NULL
+		                    ELSE pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)) END
+		        FROM pg_replication_slots s WHERE slot_name = $1)`, name, MarkerName(name)).
+		Scan(&info.CurrentDatabase, &info.Adopting, &raw, &retained)
+	if err != nil {
+		return info, fmt.Errorf("look up replication slot %s: %w", name, err)
+	}
+	if raw == nil {
 		return info, nil
 	}
-	if err != nil {
-		return info, fmt.Errorf("look up replication slot %s: %w", t.Slot, err)
+	var row struct {
+		Type        string  `json:"slot_type"`
+		Plugin      *string `json:"plugin"`
+		Database    *string `json:"database"`
+		Temporary   bool    `json:"temporary"`
+		Active      bool    `json:"active"`
+		ActivePID   *int    `json:"active_pid"`
+		Confirmed   *string `json:"confirmed_flush_lsn"`
+		WALStatus   *string `json:"wal_status"`          // 13+
+		Conflicting *bool   `json:"conflicting"`         // 16+
+		Reason      *string `json:"invalidation_reason"` // 17+
+		Failover    *bool   `json:"failover"`            // 17+
+		Synced      *bool   `json:"synced"`              // 17+
 	}
-	info.Exists = true
-	switch {
-	case deref(slotType) != "logical" || deref(plugin) != "pgoutput":
-		return info, fmt.Errorf("%w: slot %s is a %s slot with plugin %q; want logical with pgoutput", ErrSlotMismatch, t.Slot, deref(slotType), deref(plugin))
-	case sameDB == nil || !*sameDB:
-		return info, fmt.Errorf("%w: slot %s belongs to another database", ErrSlotMismatch, t.Slot)
+	if err := json.Unmarshal(raw, &row); err != nil {
+		return info, fmt.Errorf("decode pg_replication_slots row: %w", err)
 	}
-	info.Failover, info.Synced = derefBool(failover), derefBool(synced)
-	info.Invalidation = invalidation(deref(walStatus), derefBool(conflicting), deref(reason))
+	info.Exists, info.Type, info.Temporary, info.Active = true, row.Type, row.Temporary, row.Active
+	info.Plugin, info.Database, info.WALStatus, info.Retained = deref(row.Plugin), deref(row.Database), deref(row.WALStatus), deref(retained)
+	if row.ActivePID != nil {
+		info.ActivePID = *row.ActivePID
+	}
+	info.Failover, info.Synced = derefBool(row.Failover), derefBool(row.Synced)
+	info.Invalidation = invalidation(info.WALStatus, derefBool(row.Conflicting), deref(row.Reason))
 	info.Lost = info.Invalidation != ""
-	if confirmed != nil {
-		if info.ConfirmedFlush, err = pglogrepl.ParseLSN(*confirmed); err != nil {
-			return info, fmt.Errorf("parse confirmed_flush_lsn %q: %w", *confirmed, err)
+	if row.Confirmed != nil {
+		if info.ConfirmedFlush, err = pglogrepl.ParseLSN(*row.Confirmed); err != nil {
+			return info, fmt.Errorf("parse confirmed_flush_lsn %q: %w", *row.Confirmed, err)
 		}
 	}
 	return info, nil
