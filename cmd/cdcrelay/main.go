@@ -243,21 +243,20 @@ func migrate(ctx context.Context, args []string, stderr io.Writer) error {
 	// never leaves a stray table or a publication of another table. It runs
 	// as the table's owner (the relay's least-privilege role cannot create
 	// the publication).
-	schema, table, err := config.SplitTable(cfg.Table)
+	outbox, err := cfg.Outbox()
 	if err != nil {
 		return err
 	}
-	target := migrations.Target{Schema: schema, Table: table, Publication: cfg.Publication}
 	apply := migrations.ApplyTo
 	if *hot {
 		apply = migrations.ApplyHOT
 	}
-	if err := apply(ctx, db, target); err != nil {
+	if err := apply(ctx, db, outbox); err != nil {
 		return err
 	}
 	// A publication of that name that already existed is left as it is:
 	// fail now if run would refuse it, rather than let run refuse it later.
-	_, foreign, err := slot.VerifyPublication(ctx, db, slot.Target{Publication: cfg.Publication, Schema: schema, Table: table})
+	_, foreign, err := slot.VerifyPublication(ctx, db, outbox)
 	if err != nil {
 		return err
 	}

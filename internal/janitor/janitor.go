@@ -20,6 +20,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // Options configure a Janitor.
@@ -31,12 +33,13 @@ type Options struct {
 	SlotDatabaseURL string
 	// Origin, when set, is the replication origin the janitor's
 	// transactions carry (PostgreSQL 16+, with the grants).
-	Origin        string
-	Slot          string // the relay's slot: its marks wait for synchronized standbys if it is a failover slot
-	Schema, Table string
-	IDColumn      string
-	MarkInterval  time.Duration // how often queued marks are written
-	MarkBatch     int           // ids per UPDATE
+	Origin string
+	// Outbox is the table whose rows are marked, by its id column, and
+	// the relay's slot: its marks wait for synchronized standbys if it is
+	// a failover slot.
+	config.Outbox
+	MarkInterval time.Duration // how often queued marks are written
+	MarkBatch    int           // ids per UPDATE
 	// MaxPending bounds the marks queued and not yet written (default
 	// 10,000). At the bound Mark waits, which stops the publisher's
 	// confirm loop and so the publisher: back-pressure, never a drop.

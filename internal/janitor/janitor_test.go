@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 func newTest(batch int) *Janitor {
@@ -243,7 +245,7 @@ func TestLazyConnectWithBackoff(t *testing.T) {
 	t.Cleanup(func() { _ = ln.Close() })
 	j := New(Options{
 		DatabaseURL: "postgres://x@" + ln.Addr().String() + "/db?sslmode=disable&connect_timeout=1",
-		Schema:      "public", Table: "event_outbox", IDColumn: "id", MarkBatch: 10,
+		Outbox:      config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id"}, MarkBatch: 10,
 		MarkInterval: 10 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: 400 * time.Millisecond,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
@@ -40,9 +41,10 @@ type Options struct {
 	// health there, on a connection of its own, and the backlog, the lock
 	// and the other relays on DatabaseURL. "" means DatabaseURL.
 	SlotDatabaseURL string
-	Schema, Table   string
-	Slot            string
-	Interval        time.Duration
+	// Outbox is the table whose backlog is read and the slot whose
+	// health is read (and whose name keys the monitor lock).
+	config.Outbox
+	Interval time.Duration
 	// Now is the clock the freshness of the gauges is judged by; nil
 	// means time.Now.
 	Now func() time.Time

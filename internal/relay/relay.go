@@ -59,8 +59,8 @@ func (r Role) String() string {
 // invariant 3).
 type Relay struct {
 	cfg      config.Config
-	mapping  wal.Mapping
-	target   slot.Target
+	outbox   config.Outbox
+	mapping  wal.Mapping // outbox, with what the session start learns of the table
 	poison   publish.PoisonPolicy
 	outcomes Outcomes
 	log      *slog.Logger
@@ -120,7 +120,7 @@ func (r *Relay) Healthy() error {
 // nil, records the fate of every acknowledged or parked event on its row.
 // A nil log discards; a nil reg registers the metrics nowhere.
 func New(cfg config.Config, outcomes Outcomes, log *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
-	schema, table, err := config.SplitTable(cfg.Table)
+	outbox, err := cfg.Outbox()
 	if err != nil {
 		return nil, err
 	}
@@ -132,14 +132,9 @@ func New(cfg config.Config, outcomes Outcomes, log *slog.Logger, reg prometheus.
 	}
 	registerLimits(reg, int64(cfg.MaxInFlight), int64(cfg.MaxInFlightBytes))
 	r := &Relay{
-		cfg: cfg,
-		mapping: wal.Mapping{
-			Schema: schema, Table: table,
-			ID: cfg.IDColumn, RoutingKey: cfg.RoutingKeyColumn, Payload: cfg.PayloadColumn,
-			Headers: cfg.HeadersColumn, Exchange: cfg.ExchangeColumn, MessageType: cfg.TypeColumn,
-			MaxMessageBytes: int64(cfg.MaxMessageBytes),
-		},
-		target:   slot.Target{Publication: cfg.Publication, Slot: cfg.Slot, Schema: schema, Table: table},
+		cfg:      cfg,
+		outbox:   outbox,
+		mapping:  wal.Mapping{Outbox: outbox, MaxMessageBytes: int64(cfg.MaxMessageBytes)},
 		poison:   map[string]publish.PoisonPolicy{config.PoisonPark: publish.Park, config.PoisonStop: publish.Stop}[cfg.Poison],
 		outcomes: outcomes,
 		log:      log,

@@ -179,18 +179,18 @@ func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info,
 // outbox by the table's OID for this session and the foreign relations,
 // whose inserts are skipped (invariant 9, docs/architecture.md).
 func (r *Relay) inspect(ctx context.Context, db, sdb *pgx.Conn) (slot.Info, time.Duration, error) {
-	created, err := slot.EnsurePublication(ctx, db, r.target)
+	created, err := slot.EnsurePublication(ctx, db, r.outbox)
 	if err != nil {
 		return slot.Info{}, 0, err
 	}
 	if created {
-		r.log.Info("created publication", "publication", r.target.Publication, "table", r.cfg.Table)
+		r.log.Info("created publication", "publication", r.outbox.Publication, "table", r.cfg.Table)
 	}
 	interval, err := slot.StatusInterval(ctx, sdb, r.cfg.StatusInterval) // the walsender's wal_sender_timeout
 	if err != nil {
 		return slot.Info{}, 0, err
 	}
-	info, err := slot.Inspect(ctx, sdb, r.target)
+	info, err := slot.Inspect(ctx, sdb, r.outbox)
 	if err != nil {
 		return info, interval, err
 	}
@@ -199,8 +199,7 @@ func (r *Relay) inspect(ctx context.Context, db, sdb *pgx.Conn) (slot.Info, time
 	// stream as soon as it has.
 	// The mapped columns too: a generated one is not in the stream before
 	// PostgreSQL 18, and must be refused before anything is published.
-	m := r.mapping
-	table, foreign, err := slot.VerifyPublication(ctx, db, r.target, m.ID, m.RoutingKey, m.Payload, m.Headers, m.Exchange, m.MessageType)
+	table, foreign, err := slot.VerifyPublication(ctx, db, r.outbox, r.outbox.Columns()...)
 	if err != nil {
 		return slot.Info{}, 0, err
 	}

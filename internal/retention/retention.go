@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
@@ -34,11 +35,13 @@ type Options struct {
 	// Origin, when set, is the replication origin retention's
 	// transactions carry (PostgreSQL 16+, with the grants), so that the
 	// relay's stream skips its DELETEs undecoded.
-	Origin        string
-	Schema, Table string
-	Retention     time.Duration // published rows older than this are deleted
-	Interval      time.Duration // time between the end of a run and the next
-	Batch         int           // most rows per DELETE
+	Origin string
+	// Outbox is the table whose published rows are deleted; its Slot is
+	// the constant label of the run metrics.
+	config.Outbox
+	Retention time.Duration // published rows older than this are deleted
+	Interval  time.Duration // time between the end of a run and the next
+	Batch     int           // most rows per DELETE
 	// FirstDelay is how long the relay must have been active before the
 	// first run. Zero means a random 10-30 s (spreading the relays of many
 	// databases), or Interval if that is shorter.
@@ -47,8 +50,6 @@ type Options struct {
 	// Retention runs only then, and stops between batches when it ends, so
 	// a hot standby runs no statement.
 	Active func() bool
-	// Slot is the relay's slot: the constant label of the run metrics.
-	Slot string
 }
 
 // Retention is a stage that runs a retention pass shortly after the relay

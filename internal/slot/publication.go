@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // ErrPublication means the publication does not carry the outbox table's
@@ -49,7 +51,7 @@ type PublicationFacts struct {
 
 // ResolveTable finds the configured table by its quoted name; ok is false
 // when no such relation exists.
-func ResolveTable(ctx context.Context, db *pgx.Conn, t Target) (rel Relation, ok bool, err error) {
+func ResolveTable(ctx context.Context, db *pgx.Conn, t config.Outbox) (rel Relation, ok bool, err error) {
 	rel = Relation{Schema: t.Schema, Name: t.Table}
 	err = db.QueryRow(ctx, `SELECT c.oid, c.relkind::text FROM pg_class c WHERE c.oid = to_regclass($1)`,
 		rel.Qualified()).Scan(&rel.OID, &rel.Kind)
@@ -177,7 +179,7 @@ func splitTables(table Relation, p PublicationFacts) (covers bool, kin []string,
 // pgoutput sends it at all (CheckGenerated). It returns the table, whose
 // OID the decoder maps the outbox by, and the foreign relations the
 // publication also publishes, whose inserts the decoder skips.
-func VerifyPublication(ctx context.Context, db *pgx.Conn, t Target, mapped ...string) (Relation, []Relation, error) {
+func VerifyPublication(ctx context.Context, db *pgx.Conn, t config.Outbox, mapped ...string) (Relation, []Relation, error) {
 	table, found, err := ResolveTable(ctx, db, t)
 	if err != nil {
 		return table, nil, err

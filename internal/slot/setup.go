@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
@@ -22,14 +23,6 @@ var (
 // ErrBusy means another process holds the slot or is adopting it: this
 // relay is a hot standby and should try again later.
 var ErrBusy = errors.New("replication slot is in use by another relay")
-
-// Target names what the relay streams from.
-type Target struct {
-	Publication string
-	Slot        string
-	Schema      string
-	Table       string
-}
 
 // Info is what Inspect found about the slot.
 type Info struct {
@@ -53,7 +46,7 @@ type Info struct {
 // only (through the root when partitioned), unless it exists. It must
 // exist before the slot: decoding looks the publication up by name as of
 // each change.
-func EnsurePublication(ctx context.Context, db *pgx.Conn, t Target) (bool, error) {
+func EnsurePublication(ctx context.Context, db *pgx.Conn, t config.Outbox) (bool, error) {
 	var exists bool
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, t.Publication).Scan(&exists); err != nil {
 		return false, fmt.Errorf("look up publication %s: %w", t.Publication, err)
@@ -92,7 +85,7 @@ func StatusInterval(ctx context.Context, db *pgx.Conn, limit time.Duration) (tim
 }
 
 // Inspect reads the slot's state and refuses a slot of another kind.
-func Inspect(ctx context.Context, db *pgx.Conn, t Target) (Info, error) {
+func Inspect(ctx context.Context, db *pgx.Conn, t config.Outbox) (Info, error) {
 	var info Info
 	var plugin, slotType, walStatus, confirmed, reason *string
 	var sameDB, conflicting, failover, synced *bool
