@@ -18,7 +18,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -26,7 +25,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/failpoint"
-	"github.com/cdcrelay/cdcrelay/internal/pgerr"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/migrations"
@@ -233,9 +232,9 @@ func migrate(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(cfg, stderr) // no slot: migrate has none
-	db, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	db, err := pgconnect.Connect(ctx, cfg.DatabaseURL, "to database", pgconnect.Options{})
 	if err != nil {
-		return fmt.Errorf("connect to database: %w", pgerr.Connect(err))
+		return err
 	}
 	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
 	// The files name public.event_outbox and cdcrelay_outbox; migrate

@@ -21,7 +21,6 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
-	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
 // LockClass is the first key of the monitor lock, "cdcm" in ASCII; the
@@ -149,12 +148,12 @@ func (m *Monitor) turn(ctx context.Context) {
 }
 
 // connect opens the monitor's connection, set up like the slot lock's
-// (pgconnect.Hold): it sits idle between turns, so a role's
+// (pgconnect.Options.LockHolder): it sits idle between turns, so a role's
 // idle_session_timeout would end it, and the holder's lock with it, every
 // interval; and the statement timeout is the monitor's own (statementContext),
 // not a shorter one of the role's that a large backlog would trip every turn.
 func (m *Monitor) connect(ctx context.Context) error {
-	db, err := dial(ctx, m.opts.DatabaseURL)
+	db, err := dial(ctx, m.opts.DatabaseURL, "to database for the monitor")
 	if err != nil {
 		return err
 	}
@@ -171,31 +170,18 @@ func (m *Monitor) connectSlot(ctx context.Context) error {
 	if m.opts.SlotDatabaseURL == "" || m.slotDB != nil {
 		return nil
 	}
-	db, err := dial(ctx, m.opts.SlotDatabaseURL)
+	db, err := dial(ctx, m.opts.SlotDatabaseURL, "to the slot's server for the monitor")
 	if err != nil {
-		return fmt.Errorf("the slot's server: %w", err)
+		return err
 	}
 	m.slotDB = db
 	return nil
 }
 
-// dial opens a monitor connection to url (see connect).
-func dial(ctx context.Context, url string) (*pgx.Conn, error) {
-	cfg, err := pgconnect.Config(url, pgconnect.Keepalives())
-	if err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	db, err := pgx.ConnectConfig(cctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", pgerr.Connect(err))
-	}
-	if err := pgconnect.Hold(cctx, db); err != nil {
-		_ = db.Close(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return db, nil
+// dial opens a monitor connection to url for role (see connect): set up as
+// a lock holder's, whether it holds the monitor lock or idles beside it.
+func dial(ctx context.Context, url, role string) (*pgx.Conn, error) {
+	return pgconnect.Connect(ctx, url, role, pgconnect.Options{LockHolder: true})
 }
 
 // tryLock takes the monitor lock if it is free. Session advisory locks

@@ -14,11 +14,6 @@ import (
 // This file is one session's life: the slot lock, the setup under it,
 // adoption or resume, then the stream.
 
-// connectTimeout bounds a connection attempt to PostgreSQL (TCP connect
-// and startup) unless the URL sets connect_timeout: a server that accepts
-// but never answers must fail the attempt, not hang the relay.
-const connectTimeout = 10 * time.Second
-
 // session runs one pipeline. ctx ending asks for a graceful stop: read no
 // more, wait up to ShutdownTimeout for in-flight confirms, confirm what was
 // acked, return. Everything it does to the slot happens under the slot

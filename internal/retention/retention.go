@@ -24,7 +24,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
-	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
@@ -140,27 +139,18 @@ const statementTimeout = time.Minute
 
 // connect opens the pass's connection.
 func (r *Retention) connect(ctx context.Context) (*pgx.Conn, error) {
-	cfg, err := pgconnect.Config(r.opts.DatabaseURL, nil)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = 10 * time.Second
-	}
-	// Always its own name, so that its backends are told apart.
-	cfg.RuntimeParams["application_name"] = pgconnect.ApplicationName + " retention"
-	cfg.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
-	db, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", pgerr.Connect(err))
-	}
+	o := pgconnect.Options{Force: map[string]string{
+		// Always its own name, so that its backends are told apart.
+		"application_name":  pgconnect.ApplicationName + " retention",
+		"statement_timeout": strconv.FormatInt(statementTimeout.Milliseconds(), 10),
+	}}
 	if r.opts.Origin != "" {
-		if _, err := pgconnect.SetupOrigin(ctx, db, r.opts.Origin); err != nil {
-			_ = db.Close(context.WithoutCancel(ctx))
-			return nil, err
+		o.Setup = func(ctx context.Context, db *pgx.Conn) error {
+			_, err := pgconnect.SetupOrigin(ctx, db, r.opts.Origin)
+			return err
 		}
 	}
-	return db, nil
+	return pgconnect.Connect(ctx, r.opts.DatabaseURL, "to database for retention", o)
 }
 
 // runOnce connects, deletes every expired published row in batches and
