@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -258,7 +259,7 @@ func lockHolder(t *testing.T, db *pgx.Conn) int32 {
 	var pid int32
 	err := db.QueryRow(context.Background(), `
 		SELECT coalesce(max(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
-		  AND classid = $1::bigint::oid AND objid = (hashtext('s1')::bigint & 4294967295)::oid`, LockClass).Scan(&pid)
+		  AND classid = $1::bigint::oid AND objid = (hashtext('s1')::bigint & 4294967295)::oid`, pgconnect.MonitorLockClass).Scan(&pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +332,7 @@ func TestIntegrationMonitorLock(t *testing.T) {
 			exec(t, db, `SELECT pg_terminate_backend($1)`, pid)
 		}
 		var ok bool
-		if err := thief.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext('s1'))`, LockClass).Scan(&ok); err != nil {
+		if err := thief.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext('s1'))`, pgconnect.MonitorLockClass).Scan(&ok); err != nil {
 			t.Fatal(err)
 		}
 		return ok

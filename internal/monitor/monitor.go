@@ -3,7 +3,7 @@
 //
 // Every replica of a slot runs a monitor, whatever its role. They compete
 // for the monitor lock (a session advisory lock in the outbox database, see
-// LockClass): the one holding it refreshes every interval, so
+// pgconnect.MonitorLockClass): the one holding it refreshes every interval, so
 // the gauges stay fresh during a broker outage or while nothing streams;
 // the others run one pg_try_advisory_lock per interval and nothing else.
 // Only the holder exports the gauges, and only while its last refresh is
@@ -22,15 +22,6 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
-
-// LockClass is the first key of the monitor lock, "cdcm" in ASCII; the
-// second is hashtext(slot name), as for the slot lock (slot.LockClass,
-// "cdcr"). Every replica's monitor takes it with pg_try_advisory_lock on
-// its own connection to the outbox database (not CDCRELAY_LOCK_DATABASE),
-// and the holder alone refreshes the backlog and slot gauges, whatever its
-// role. In pg_locks: classid = LockClass, objid = hashtext(slot),
-// objsubid = 2, in the outbox database.
-const LockClass int32 = 0x6364636d
 
 // Options configure a Monitor.
 type Options struct {
@@ -190,7 +181,7 @@ func (m *Monitor) tryLock(ctx context.Context) (bool, error) {
 	qctx, cancel := m.statementContext(ctx)
 	defer cancel()
 	var ok bool
-	err := m.db.QueryRow(qctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, LockClass, m.opts.Slot).Scan(&ok)
+	err := m.db.QueryRow(qctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, pgconnect.MonitorLockClass, m.opts.Slot).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("try the monitor lock: %w", err)
 	}

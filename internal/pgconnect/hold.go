@@ -10,6 +10,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// MonitorLockClass is the first key of the monitor lock, "cdcm" in ASCII;
+// the second is hashtext(slot name), as for the slot lock (slot.LockClass,
+// "cdcr"). Every replica's monitor takes it with pg_try_advisory_lock on
+// its own lock holder's connection to the outbox database (not
+// CDCRELAY_LOCK_DATABASE), and the holder alone refreshes the backlog and
+// slot gauges, whatever its role. In pg_locks: classid = MonitorLockClass,
+// objid = hashtext(slot), objsubid = 2, in the outbox database.
+const MonitorLockClass int32 = 0x6364636d
+
 // keepalives are the connection parameters of a connection that holds a
 // session advisory lock (the slot lock, the monitor lock): the server
 // notices within about 25 s a holder whose host vanished without closing
