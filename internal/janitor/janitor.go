@@ -14,13 +14,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/backoff"
 	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
@@ -328,8 +328,8 @@ func (j *Janitor) turn(ctx context.Context) {
 	if down {
 		j.stopped()
 	}
-	j.backoff = nextBackoff(j.backoff, j.opts.BackoffMin, j.opts.BackoffMax)
-	wait := jitter(j.backoff)
+	j.backoff = backoff.Next(j.backoff, j.opts.BackoffMin, j.opts.BackoffMax)
+	wait := backoff.Jitter(j.backoff)
 	j.retryAt = time.Now().Add(wait)
 	j.metrics.errors.Inc()
 	j.log.Warn("janitor could not write; will retry", "error", j.explainDenied(err), "retry_in", wait.Round(time.Millisecond), "queued", j.Pending())
@@ -352,14 +352,4 @@ func (j *Janitor) writeOrLearn(ctx context.Context) (down bool, err error) {
 	j.log.Info("janitor's connection was lost; connecting again at once", "error", err)
 	err = j.write(ctx)
 	return ShuttingDown(err) || Terminated(err), err
-}
-
-// nextBackoff doubles the wait after each failure in a row, from lo up to hi.
-func nextBackoff(prev, lo, hi time.Duration) time.Duration {
-	return min(max(2*prev, lo), hi)
-}
-
-// jitter spreads the retries of many relays over [d/2, d].
-func jitter(d time.Duration) time.Duration {
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }

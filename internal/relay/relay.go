@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/backoff"
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
@@ -176,7 +176,7 @@ func (r *Relay) setRole(role Role) {
 // Run runs sessions until ctx ends (a clean stop: nil) or a fatal error.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.setRole(RoleStarting)
-	backoff := r.cfg.BackoffMin
+	delay := r.cfg.BackoffMin
 	for {
 		started, progress := time.Now(), r.resume.Progress()
 		err := r.session(ctx)
@@ -204,10 +204,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			// events through made progress (a bounded queue refusing the
 			// rest): start the backoff over.
 			if time.Since(started) > r.cfg.BackoffMax || r.resume.Progress() != progress {
-				backoff = r.cfg.BackoffMin
+				delay = r.cfg.BackoffMin
 			}
-			wait = jitter(backoff)
-			backoff = min(2*backoff, r.cfg.BackoffMax)
+			wait = backoff.Jitter(delay)
+			delay = backoff.Next(delay, r.cfg.BackoffMin, r.cfg.BackoffMax)
 			r.metrics.restarts.Inc()
 			var op *OperatorError
 			if errors.As(err, &op) {
@@ -223,9 +223,4 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		}
 	}
-}
-
-// jitter spreads retries of many relays by ±20%.
-func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
