@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // HOTFile is the optional migration that puts the outbox on the HOT
@@ -19,7 +21,7 @@ var unlessIndex = regexp.MustCompile(`(?m)^-- cdcrelay:unless-index '((?:[^']|''
 
 // skipped reports whether sql (rendered) says to skip it for the table as
 // it is: 0003's partial index is not built on the HOT layout.
-func skipped(ctx context.Context, db *pgx.Conn, t Target, sql string) (bool, error) {
+func skipped(ctx context.Context, db *pgx.Conn, t config.Outbox, sql string) (bool, error) {
 	m := unlessIndex.FindStringSubmatch(sql)
 	if m == nil {
 		return false, nil
@@ -39,7 +41,7 @@ func skipped(ctx context.Context, db *pgx.Conn, t Target, sql string) (bool, err
 // be alone), under the migration lock. It refuses a partitioned table,
 // whose fillfactor and indexes are set per partition, and without a
 // last_error column it leaves out the parked rows' index.
-func ApplyHOT(ctx context.Context, db *pgx.Conn, t Target) error {
+func ApplyHOT(ctx context.Context, db *pgx.Conn, t config.Outbox) error {
 	if err := ApplyTo(ctx, db, t); err != nil {
 		return err
 	}

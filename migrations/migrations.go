@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
@@ -42,7 +43,7 @@ func Apply(ctx context.Context, db *pgx.Conn) error {
 // idempotent, so running it again changes nothing. A file whose first line
 // is noTransaction (a concurrent index build, which must not block the
 // services' inserts into a live outbox) runs outside a transaction.
-func ApplyTo(ctx context.Context, db *pgx.Conn, t Target) error {
+func ApplyTo(ctx context.Context, db *pgx.Conn, t config.Outbox) error {
 	for _, name := range Names() {
 		sql, err := Render(name, t)
 		if err != nil {
@@ -93,7 +94,7 @@ const noTransaction = "-- cdcrelay:no-transaction\n"
 // indexes of the table are dropped first (concurrently too), so the build
 // is tried again. Only the outbox's own invalid indexes are touched, and an
 // index is invalid only while, or after, a concurrent build failed.
-func applyOutsideTransaction(ctx context.Context, db *pgx.Conn, t Target, sql string) (err error) {
+func applyOutsideTransaction(ctx context.Context, db *pgx.Conn, t config.Outbox, sql string) (err error) {
 	if _, err := db.Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(lockKey)); err != nil {
 		return err
 	}

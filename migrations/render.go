@@ -6,18 +6,17 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
-// Target names the outbox table (its real schema and table names, not
-// quoted) and the publication the migrations create.
-type Target struct {
-	Schema, Table string
-	Publication   string
-}
+// The migrations create the table and the publication of a
+// config.Outbox (its real schema and table names, not quoted, and its
+// publication; the other fields are not used).
 
 // Default is what the files name: they stay plain SQL that a service can
 // copy into its own migration tool.
-var Default = Target{Schema: "public", Table: "event_outbox", Publication: "cdcrelay_outbox"}
+var Default = config.Outbox{Schema: "public", Table: "event_outbox", Publication: "cdcrelay_outbox"}
 
 // The files' conventions, which Render relies on (TestRenderLeavesNoDefault
 // holds every file to them): the table is the word event_outbox, objects
@@ -32,7 +31,7 @@ var token = regexp.MustCompile(`'event_outbox(_[a-z0-9_]+)?'|'cdcrelay_outbox'|\
 // search_path), objects named after the table renamed after t's table in
 // its schema, and the publication. So `cdcrelay migrate` creates exactly
 // the configured table and publication, never a stray public.event_outbox.
-func Render(name string, t Target) (string, error) {
+func Render(name string, t config.Outbox) (string, error) {
 	raw, err := files.ReadFile(name)
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", name, err)

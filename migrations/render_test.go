@@ -4,13 +4,15 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // TestRenderLeavesNoDefault holds every file to the conventions Render
 // relies on: rendered for other names, no default name is left over.
 func TestRenderLeavesNoDefault(t *testing.T) {
 	leftover := regexp.MustCompile(`event_outbox|cdcrelay_outbox|\$\$`)
-	target := Target{Schema: "Billing", Table: "Outbox Events", Publication: "Billing Pub"}
+	target := config.Outbox{Schema: "Billing", Table: "Outbox Events", Publication: "Billing Pub"}
 	for _, name := range append(Names(), HOTFile) {
 		sql, err := Render(name, target)
 		if err != nil {
@@ -26,7 +28,7 @@ func TestRenderLeavesNoDefault(t *testing.T) {
 }
 
 func TestRender(t *testing.T) {
-	sql, err := Render("0001_event_outbox.sql", Target{Schema: "orders", Table: "event_outbox", Publication: "cdcrelay_outbox"})
+	sql, err := Render("0001_event_outbox.sql", config.Outbox{Schema: "orders", Table: "event_outbox", Publication: "cdcrelay_outbox"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +42,7 @@ func TestRender(t *testing.T) {
 			t.Errorf("missing %q in:\n%s", want, sql)
 		}
 	}
-	sql, err = Render("0002_publication.sql", Target{Schema: "a$$b", Table: `it's "x"`, Publication: "My Pub"})
+	sql, err = Render("0002_publication.sql", config.Outbox{Schema: "a$$b", Table: `it's "x"`, Publication: "My Pub"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +62,7 @@ func TestRender(t *testing.T) {
 // rendered for the target, and 0003 carries the directive that skips it on
 // that layout.
 func TestHOTStatements(t *testing.T) {
-	sql, err := Render(HOTFile, Target{Schema: "orders", Table: "outbox", Publication: "p"})
+	sql, err := Render(HOTFile, config.Outbox{Schema: "orders", Table: "outbox", Publication: "p"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +77,7 @@ func TestHOTStatements(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("statements:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	sql, err = Render("0003_retention_index.sql", Target{Schema: "orders", Table: "it's", Publication: "p"})
+	sql, err = Render("0003_retention_index.sql", config.Outbox{Schema: "orders", Table: "it's", Publication: "p"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -26,7 +25,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/failpoint"
-	"github.com/cdcrelay/cdcrelay/internal/pgerr"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/migrations"
@@ -233,9 +232,9 @@ func migrate(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(cfg, stderr) // no slot: migrate has none
-	db, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	db, err := pgconnect.Connect(ctx, cfg.DatabaseURL, "to database", pgconnect.Options{})
 	if err != nil {
-		return fmt.Errorf("connect to database: %w", pgerr.Connect(err))
+		return err
 	}
 	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
 	// The files name public.event_outbox and cdcrelay_outbox; migrate
@@ -243,21 +242,20 @@ func migrate(ctx context.Context, args []string, stderr io.Writer) error {
 	// never leaves a stray table or a publication of another table. It runs
 	// as the table's owner (the relay's least-privilege role cannot create
 	// the publication).
-	schema, table, err := config.SplitTable(cfg.Table)
+	outbox, err := cfg.Outbox()
 	if err != nil {
 		return err
 	}
-	target := migrations.Target{Schema: schema, Table: table, Publication: cfg.Publication}
 	apply := migrations.ApplyTo
 	if *hot {
 		apply = migrations.ApplyHOT
 	}
-	if err := apply(ctx, db, target); err != nil {
+	if err := apply(ctx, db, outbox); err != nil {
 		return err
 	}
 	// A publication of that name that already existed is left as it is:
 	// fail now if run would refuse it, rather than let run refuse it later.
-	_, foreign, err := slot.VerifyPublication(ctx, db, slot.Target{Publication: cfg.Publication, Schema: schema, Table: table})
+	_, foreign, err := slot.VerifyPublication(ctx, db, outbox)
 	if err != nil {
 		return err
 	}

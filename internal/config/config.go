@@ -19,8 +19,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/sethvargo/go-envconfig"
-
-	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // Prefix is the prefix of every environment variable the relay reads.
@@ -316,7 +314,7 @@ func (c *Config) validateConnections(p *problems) {
 	}
 	if !slotRe.MatchString(c.Slot) {
 		p.bad("SLOT", "%q: slot names are 1 to 63 of a-z, 0-9 and _", c.Slot)
-	} else if err := slot.CheckName(c.Slot); err != nil {
+	} else if err := CheckSlotName(c.Slot); err != nil {
 		p.bad("SLOT", "%v", err)
 	}
 	if err := checkListenAddr(c.HTTPAddr); err != nil {

@@ -170,8 +170,8 @@ func TestIntegrationBrokerReturns(t *testing.T) {
 
 // checkRetries checks that the relay kept retrying with backoff (the
 // delays it logged grow from BACKOFF_MIN towards BACKOFF_MAX, 500ms to 5s
-// here, with ±20% jitter: not a tight loop, and it does not give up) and
-// said clearly what was wrong each time.
+// here, each wait drawn from [delay/2, delay]: not a tight loop, and it
+// does not give up) and said clearly what was wrong each time.
 func checkRetries(t *testing.T, what string, failures []string, clear func(string) bool) {
 	t.Helper()
 	var delays []time.Duration

@@ -7,13 +7,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // TestExplainDenied: the janitor's repeating warning names the privilege a
 // permission error lacks, with the grant for the URL's role; other errors
 // pass through unchanged.
 func TestExplainDenied(t *testing.T) {
-	j := &Janitor{opts: Options{DatabaseURL: "postgres://cdcrelay:pw@db/app", Schema: "public", Table: "event_outbox"}}
+	j := &Janitor{opts: Options{DatabaseURL: "postgres://cdcrelay:pw@db/app", Outbox: config.Outbox{Schema: "public", Table: "event_outbox"}}}
 	denied := fmt.Errorf("mark published: %w", &pgconn.PgError{Severity: "ERROR", Code: "42501", Message: "permission denied for table event_outbox"})
 	want := "mark published: ERROR: permission denied for table event_outbox (SQLSTATE 42501): the relay's role needs UPDATE (published_at, attempts, last_error) on \"public\".\"event_outbox\" to mark rows published: GRANT UPDATE (published_at, attempts, last_error) ON \"public\".\"event_outbox\" TO \"cdcrelay\"; (docs/least-privilege.md)"
 	got := j.explainDenied(denied)

@@ -15,12 +15,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcrelay/cdcrelay/internal/backoff"
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // Options configure a Janitor.
@@ -32,12 +34,13 @@ type Options struct {
 	SlotDatabaseURL string
 	// Origin, when set, is the replication origin the janitor's
 	// transactions carry (PostgreSQL 16+, with the grants).
-	Origin        string
-	Slot          string // the relay's slot: its marks wait for synchronized standbys if it is a failover slot
-	Schema, Table string
-	IDColumn      string
-	MarkInterval  time.Duration // how often queued marks are written
-	MarkBatch     int           // ids per UPDATE
+	Origin string
+	// Outbox is the table whose rows are marked, by its id column, and
+	// the relay's slot: its marks wait for synchronized standbys if it is
+	// a failover slot.
+	config.Outbox
+	MarkInterval time.Duration // how often queued marks are written
+	MarkBatch    int           // ids per UPDATE
 	// MaxPending bounds the marks queued and not yet written (default
 	// 10,000). At the bound a Session's Ack waits, which stops the publisher's
 	// confirm loop and so the publisher: back-pressure, never a drop.
@@ -336,8 +339,8 @@ func (j *Janitor) turn(ctx context.Context) {
 	if down {
 		j.databaseShuttingDown()
 	}
-	j.backoff = nextBackoff(j.backoff, j.opts.BackoffMin, j.opts.BackoffMax)
-	wait := jitter(j.backoff)
+	j.backoff = backoff.Next(j.backoff, j.opts.BackoffMin, j.opts.BackoffMax)
+	wait := backoff.Jitter(j.backoff)
 	j.retryAt = time.Now().Add(wait)
 	j.metrics.errors.Inc()
 	j.log.Warn("janitor could not write; will retry", "error", j.explainDenied(err), "retry_in", wait.Round(time.Millisecond), "queued", j.Pending())
@@ -360,14 +363,4 @@ func (j *Janitor) writeOrLearn(ctx context.Context) (down bool, err error) {
 	j.log.Info("janitor's connection was lost; connecting again at once", "error", err)
 	err = j.write(ctx)
 	return ShuttingDown(err) || Terminated(err), err
-}
-
-// nextBackoff doubles the wait after each failure in a row, from lo up to hi.
-func nextBackoff(prev, lo, hi time.Duration) time.Duration {
-	return min(max(2*prev, lo), hi)
-}
-
-// jitter spreads the retries of many relays over [d/2, d].
-func jitter(d time.Duration) time.Duration {
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 func newTest(batch int) *Janitor {
@@ -199,28 +201,6 @@ func TestMarkWaitsForRoom(t *testing.T) {
 	}
 }
 
-// TestBackoffSchedule: the wait doubles from lo to hi; jitter stays
-// within [d/2, d].
-func TestBackoffSchedule(t *testing.T) {
-	var d time.Duration
-	var got []time.Duration
-	for range 8 {
-		d = nextBackoff(d, 100*time.Millisecond, time.Second)
-		got = append(got, d)
-	}
-	want := []time.Duration{100, 200, 400, 800, 1000, 1000, 1000, 1000}
-	for i := range want {
-		if got[i] != want[i]*time.Millisecond {
-			t.Fatalf("schedule %v, want %v ms", got, want)
-		}
-	}
-	for range 1000 {
-		if w := jitter(time.Second); w < 500*time.Millisecond || w > time.Second {
-			t.Fatalf("jitter(1s) = %s", w)
-		}
-	}
-}
-
 // TestLazyConnectWithBackoff: with nothing queued the janitor never
 // connects (a hot standby puts no load on the primary); with work and an
 // unreachable database it retries on the backoff schedule, not every tick.
@@ -243,7 +223,7 @@ func TestLazyConnectWithBackoff(t *testing.T) {
 	t.Cleanup(func() { _ = ln.Close() })
 	j := New(Options{
 		DatabaseURL: "postgres://x@" + ln.Addr().String() + "/db?sslmode=disable&connect_timeout=1",
-		Schema:      "public", Table: "event_outbox", IDColumn: "id", MarkBatch: 10,
+		Outbox:      config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id"}, MarkBatch: 10,
 		MarkInterval: 10 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: 400 * time.Millisecond,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())

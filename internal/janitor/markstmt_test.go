@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
@@ -126,7 +127,7 @@ func markJanitor(t *testing.T, setup string) (*Janitor, *pgx.Conn) {
 	if _, err := db.Exec(ctx, setup); err != nil {
 		t.Fatal(err)
 	}
-	j := New(Options{DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id"}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	j := New(Options{DatabaseURL: url, Outbox: config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id"}}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	t.Cleanup(j.closeDB)
 	if err := j.connect(ctx); err != nil {
 		t.Fatal(err)

@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
-	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
 // This file holds marks back until the standby that holds the slot
@@ -103,15 +100,9 @@ func (j *Janitor) connectReplica(ctx context.Context) error {
 		return nil
 	}
 	j.replica = nil
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	cfg, err := pgconnect.Config(j.opts.SlotDatabaseURL, nil)
+	db, err := pgconnect.Connect(ctx, j.opts.SlotDatabaseURL, "to the slot's server for marks", pgconnect.Options{})
 	if err != nil {
 		return err
-	}
-	db, err := pgx.ConnectConfig(cctx, cfg)
-	if err != nil {
-		return fmt.Errorf("connect to the slot's server: %w", pgerr.Connect(err))
 	}
 	j.replica = db
 	return nil

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -174,7 +175,7 @@ func TestIntegrationSessionWaitHurries(t *testing.T) {
 	if err := late.QueryRow(ctx, `INSERT INTO event_outbox (id) VALUES ('late') RETURNING (txid_current() % 4294967296)::bigint`).Scan(&xid); err != nil {
 		t.Fatal(err)
 	}
-	j := New(Options{DatabaseURL: db.Config().ConnString(), Schema: "public", Table: "event_outbox", IDColumn: "id", MarkInterval: time.Hour},
+	j := New(Options{DatabaseURL: db.Config().ConnString(), Outbox: config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id"}, MarkInterval: time.Hour},
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	runCtx, stop := context.WithCancel(ctx)
 	ran := make(chan struct{})

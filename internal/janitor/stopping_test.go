@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // TestShuttingDownClassification: only the errors that say the server is
@@ -149,7 +151,7 @@ func stoppingRun(t *testing.T, url string, want bool) {
 		backoff, wait = 10*time.Second, 5*time.Second
 	}
 	j := New(Options{
-		DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id", MarkBatch: 10,
+		DatabaseURL: url, Outbox: config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id"}, MarkBatch: 10,
 		MarkInterval: 10 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: backoff,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	dbShuttingDown := j.DatabaseShuttingDown()

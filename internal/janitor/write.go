@@ -39,18 +39,8 @@ func (j *Janitor) connect(ctx context.Context) error {
 	}
 	j.db = nil
 	j.metrics.connects.Inc()
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	cfg, err := pgconnect.Config(j.opts.DatabaseURL, nil)
+	db, err := pgconnect.Connect(ctx, j.opts.DatabaseURL, "to database for marks", pgconnect.Options{Setup: j.tag})
 	if err != nil {
-		return err
-	}
-	db, err := pgx.ConnectConfig(cctx, cfg)
-	if err != nil {
-		return fmt.Errorf("connect: %w", pgerr.Connect(err))
-	}
-	if err := j.tag(cctx, db); err != nil {
-		_ = db.Close(context.WithoutCancel(ctx))
 		return err
 	}
 	j.db = db

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -107,7 +108,7 @@ func TestIntegrationHOTLayoutBacklog(t *testing.T) {
 	db, dbURL := hotDatabase(t)
 	ctx := context.Background()
 	reg := prometheus.NewPedanticRegistry()
-	m := hotMonitor{New(Options{DatabaseURL: dbURL, Schema: "public", Table: "event_outbox", Slot: "s1", Interval: time.Second},
+	m := hotMonitor{New(Options{DatabaseURL: dbURL, Outbox: config.Outbox{Schema: "public", Table: "event_outbox", Slot: "s1"}, Interval: time.Second},
 		slog.New(slog.NewTextHandler(&testenv.Buffer{}, nil)), reg), reg}
 	defer m.drop()
 	const unpublished, parked = "cdcrelay_outbox_unpublished{slot=s1}", "cdcrelay_outbox_parked{slot=s1}"
@@ -236,7 +237,7 @@ func TestIntegrationHOTLayoutBacklog(t *testing.T) {
 	// The same with the slot's health read on a server of its own (here
 	// the same one): the backlog statement then takes the floor alone.
 	regApart := prometheus.NewPedanticRegistry()
-	apart := hotMonitor{New(Options{DatabaseURL: dbURL, SlotDatabaseURL: dbURL, Schema: "public", Table: "event_outbox", Slot: "s2", Interval: time.Second},
+	apart := hotMonitor{New(Options{DatabaseURL: dbURL, SlotDatabaseURL: dbURL, Outbox: config.Outbox{Schema: "public", Table: "event_outbox", Slot: "s2"}, Interval: time.Second},
 		slog.New(slog.NewTextHandler(&testenv.Buffer{}, nil)), regApart), regApart}
 	defer apart.drop()
 	for i := range 3 {

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -130,7 +132,7 @@ func TestIntegrationBacklogColumns(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.schema, func(t *testing.T) {
-			r := start(t, Options{DatabaseURL: dbURL, Schema: tc.schema, Table: "outbox"})
+			r := start(t, Options{DatabaseURL: dbURL, Outbox: config.Outbox{Schema: tc.schema, Table: "outbox"}})
 			var got map[string]float64
 			waitFor(t, "the gauges", func() bool {
 				got = r.series(t)
@@ -257,7 +259,7 @@ func lockHolder(t *testing.T, db *pgx.Conn) int32 {
 	var pid int32
 	err := db.QueryRow(context.Background(), `
 		SELECT coalesce(max(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
-		  AND classid = $1::bigint::oid AND objid = (hashtext('s1')::bigint & 4294967295)::oid`, LockClass).Scan(&pid)
+		  AND classid = $1::bigint::oid AND objid = (hashtext('s1')::bigint & 4294967295)::oid`, pgconnect.MonitorLockClass).Scan(&pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +286,7 @@ func isBlind(t *testing.T, r *running) bool {
 func TestIntegrationMonitorLock(t *testing.T) {
 	db, dbURL := database(t)
 	opts := func(app string) Options {
-		return Options{DatabaseURL: testenv.WithApplicationName(t, dbURL, app), Schema: "public", Table: "event_outbox"}
+		return Options{DatabaseURL: testenv.WithApplicationName(t, dbURL, app), Outbox: config.Outbox{Schema: "public", Table: "event_outbox"}}
 	}
 	a := start(t, opts("mon_a"))
 	waitFor(t, "a to hold the lock and export", func() bool { return isHolder(t, a) })
@@ -330,7 +332,7 @@ func TestIntegrationMonitorLock(t *testing.T) {
 			exec(t, db, `SELECT pg_terminate_backend($1)`, pid)
 		}
 		var ok bool
-		if err := thief.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext('s1'))`, LockClass).Scan(&ok); err != nil {
+		if err := thief.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext('s1'))`, pgconnect.MonitorLockClass).Scan(&ok); err != nil {
 			t.Fatal(err)
 		}
 		return ok
@@ -400,7 +402,7 @@ func startAsRoleWith(t *testing.T, db *pgx.Conn, dbURL, setting, app string) *ru
 		t.Fatal(err)
 	}
 	u.User = url.UserPassword("mon", "mon-pw")
-	return start(t, Options{DatabaseURL: u.String(), Schema: "public", Table: "event_outbox", Interval: time.Second})
+	return start(t, Options{DatabaseURL: u.String(), Outbox: config.Outbox{Schema: "public", Table: "event_outbox"}, Interval: time.Second})
 }
 
 // TestIntegrationMonitorIgnoresRoleStatementTimeout: a statement_timeout on
@@ -430,11 +432,11 @@ func TestIntegrationMonitorFailingHolderLetsGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = url.UserPassword("nosel", "nosel-pw")
-	failing := start(t, Options{DatabaseURL: u.String(), Schema: "public", Table: "event_outbox", Interval: time.Second})
+	failing := start(t, Options{DatabaseURL: u.String(), Outbox: config.Outbox{Schema: "public", Table: "event_outbox"}, Interval: time.Second})
 	waitFor(t, "the failing monitor's first error", func() bool {
 		return testutilCounter(t, failing.reg, "cdcrelay_monitor_errors_total") > 0
 	})
-	healthy := start(t, Options{DatabaseURL: testenv.WithApplicationName(t, dbURL, "mon_ok"), Schema: "public", Table: "event_outbox", Interval: time.Second})
+	healthy := start(t, Options{DatabaseURL: testenv.WithApplicationName(t, dbURL, "mon_ok"), Outbox: config.Outbox{Schema: "public", Table: "event_outbox"}, Interval: time.Second})
 	waitFor(t, "the healthy monitor to take the lock", func() bool { return isHolder(t, healthy) })
 	if isHolder(t, failing) {
 		t.Fatalf("both monitors report the lock:\n%s", failing.logs.String())

@@ -3,7 +3,7 @@
 //
 // Every replica of a slot runs a monitor, whatever its role. They compete
 // for the monitor lock (a session advisory lock in the outbox database, see
-// LockClass): the one holding it refreshes every interval, so
+// pgconnect.MonitorLockClass): the one holding it refreshes every interval, so
 // the gauges stay fresh during a broker outage or while nothing streams;
 // the others run one pg_try_advisory_lock per interval and nothing else.
 // Only the holder exports the gauges, and only while its last refresh is
@@ -19,18 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
-	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
-
-// LockClass is the first key of the monitor lock, "cdcm" in ASCII; the
-// second is hashtext(slot name), as for the slot lock (slot.LockClass,
-// "cdcr"). Every replica's monitor takes it with pg_try_advisory_lock on
-// its own connection to the outbox database (not CDCRELAY_LOCK_DATABASE),
-// and the holder alone refreshes the backlog and slot gauges, whatever its
-// role. In pg_locks: classid = LockClass, objid = hashtext(slot),
-// objsubid = 2, in the outbox database.
-const LockClass int32 = 0x6364636d
 
 // Options configure a Monitor.
 type Options struct {
@@ -40,9 +31,10 @@ type Options struct {
 	// health there, on a connection of its own, and the backlog, the lock
 	// and the other relays on DatabaseURL. "" means DatabaseURL.
 	SlotDatabaseURL string
-	Schema, Table   string
-	Slot            string
-	Interval        time.Duration
+	// Outbox is the table whose backlog is read and the slot whose
+	// health is read (and whose name keys the monitor lock).
+	config.Outbox
+	Interval time.Duration
 	// Now is the clock the freshness of the gauges is judged by; nil
 	// means time.Now.
 	Now func() time.Time
@@ -147,12 +139,12 @@ func (m *Monitor) turn(ctx context.Context) {
 }
 
 // connect opens the monitor's connection, set up like the slot lock's
-// (pgconnect.Hold): it sits idle between turns, so a role's
+// (pgconnect.Options.LockHolder): it sits idle between turns, so a role's
 // idle_session_timeout would end it, and the holder's lock with it, every
 // interval; and the statement timeout is the monitor's own (statementContext),
 // not a shorter one of the role's that a large backlog would trip every turn.
 func (m *Monitor) connect(ctx context.Context) error {
-	db, err := dial(ctx, m.opts.DatabaseURL)
+	db, err := dial(ctx, m.opts.DatabaseURL, "to database for the monitor")
 	if err != nil {
 		return err
 	}
@@ -169,31 +161,18 @@ func (m *Monitor) connectSlot(ctx context.Context) error {
 	if m.opts.SlotDatabaseURL == "" || m.slotDB != nil {
 		return nil
 	}
-	db, err := dial(ctx, m.opts.SlotDatabaseURL)
+	db, err := dial(ctx, m.opts.SlotDatabaseURL, "to the slot's server for the monitor")
 	if err != nil {
-		return fmt.Errorf("the slot's server: %w", err)
+		return err
 	}
 	m.slotDB = db
 	return nil
 }
 
-// dial opens a monitor connection to url (see connect).
-func dial(ctx context.Context, url string) (*pgx.Conn, error) {
-	cfg, err := pgconnect.Config(url, pgconnect.Keepalives())
-	if err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	db, err := pgx.ConnectConfig(cctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", pgerr.Connect(err))
-	}
-	if err := pgconnect.Hold(cctx, db); err != nil {
-		_ = db.Close(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return db, nil
+// dial opens a monitor connection to url for role (see connect): set up as
+// a lock holder's, whether it holds the monitor lock or idles beside it.
+func dial(ctx context.Context, url, role string) (*pgx.Conn, error) {
+	return pgconnect.Connect(ctx, url, role, pgconnect.Options{LockHolder: true})
 }
 
 // tryLock takes the monitor lock if it is free. Session advisory locks
@@ -202,7 +181,7 @@ func (m *Monitor) tryLock(ctx context.Context) (bool, error) {
 	qctx, cancel := m.statementContext(ctx)
 	defer cancel()
 	var ok bool
-	err := m.db.QueryRow(qctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, LockClass, m.opts.Slot).Scan(&ok)
+	err := m.db.QueryRow(qctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, pgconnect.MonitorLockClass, m.opts.Slot).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("try the monitor lock: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // streamSlot creates pgoutput slot name and streams it on a replication
@@ -46,7 +48,7 @@ func streamSlot(t *testing.T, dbURL, name, app string) func() {
 // other relay goes, the gauge is 0 again and a line says so.
 func TestIntegrationMonitorOtherRelay(t *testing.T) {
 	_, dbURL := database(t)
-	r := start(t, Options{DatabaseURL: dbURL, Schema: "public", Table: "event_outbox", Slot: "a"})
+	r := start(t, Options{DatabaseURL: dbURL, Outbox: config.Outbox{Schema: "public", Table: "event_outbox", Slot: "a"}})
 	key := "cdcrelay_other_relay_slots{slot=a}"
 	waitFor(t, "the first refresh", func() bool { v, ok := r.series(t)[key]; return ok && v == 0 })
 	streamSlot(t, dbURL, "subscriber_slot", "a_subscriber")

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -132,7 +133,7 @@ func TestIntegrationMonitorSlotOnStandby(t *testing.T) {
 	r := start(t, Options{
 		DatabaseURL:     testenv.WithApplicationName(t, e.primary.URL("app"), app),
 		SlotDatabaseURL: testenv.WithApplicationName(t, e.standby.URL("app"), app),
-		Schema:          "public", Table: "event_outbox",
+		Outbox:          config.Outbox{Schema: "public", Table: "event_outbox"},
 	})
 	waitFor(t, "the monitor to hold the lock and export", func() bool { return isHolder(t, r) })
 	got := r.series(t)

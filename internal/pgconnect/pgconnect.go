@@ -1,8 +1,10 @@
-// Package pgconnect parses CDCRELAY_DATABASE_URL into the configuration of
-// each connection the relay opens (replication, slot lock, janitor,
-// monitor, retention), so that every one carries the relay's
-// application_name in pg_stat_activity and a malformed URL is reported the
-// same way everywhere.
+// Package pgconnect opens every PostgreSQL connection the relay makes
+// (replication, slot lock, session, janitor, monitor, retention, migrate)
+// in one place, Connect: each carries the relay's application_name in
+// pg_stat_activity and UTF8, the set-up its role needs (a lock holder's
+// keepalives and session settings, another database, a replication
+// origin), one timeout rule, and an error that names the role; a malformed
+// URL is reported the same way everywhere, without quoting it.
 package pgconnect
 
 import (

@@ -52,7 +52,7 @@ func (t target) qualified() string { return quoteIdent(t.schema) + "." + quoteId
 // check's remedies quote identifiers only where SQL needs it.
 func (t target) scope() slot.Scope {
 	return slot.Scope{
-		Target: slot.Target{Publication: t.publication, Slot: t.slot, Schema: t.schema, Table: t.table},
+		Outbox: config.Outbox{Publication: t.publication, Slot: t.slot, Schema: t.schema, Table: t.table},
 		Quote:  quoteIdent, RecreateLost: t.slotLost == config.SlotLostRecreate,
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
@@ -30,7 +31,7 @@ func TestIntegrationGeneratedMappedColumn(t *testing.T) {
 	has(t, fs, "mapping", preflight.Error, "remedy:make it a plain column filled by the application or a BEFORE INSERT trigger")
 
 	ctx := context.Background()
-	target := slot.Target{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}
+	target := config.Outbox{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}
 	_, _, err := slot.VerifyPublication(ctx, f.admin, target, "id", "routing_key", "payload", "headers", "", "")
 	if !errors.Is(err, slot.ErrPublication) || !strings.Contains(err.Error(), `"routing_key"`) || !strings.Contains(err.Error(), "BEFORE INSERT trigger") {
 		t.Fatalf("start check: %v; want ErrPublication naming routing_key and the remedy", err)

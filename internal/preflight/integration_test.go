@@ -244,7 +244,7 @@ func TestIntegrationCheckRealCluster(t *testing.T) {
 		has(t, fs, "publication", preflight.Warn, "remedy:ALTER PUBLICATION cdcrelay_outbox SET (publish = 'insert');")
 		// The check run makes at every start agrees.
 		ctx := context.Background()
-		target := slot.Target{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}
+		target := config.Outbox{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}
 		if _, _, err := slot.VerifyPublication(ctx, f.admin, target); err != nil {
 			t.Fatalf("run would refuse the publication check passes: %v", err)
 		}

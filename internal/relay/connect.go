@@ -19,17 +19,10 @@ import (
 
 // connectDB opens the normal connection to the service database.
 func (r *Relay) connectDB(ctx context.Context) (*pgx.Conn, error) {
-	dbCfg, err := pgconnect.Config(r.cfg.DatabaseURL, nil)
-	if err != nil {
-		return nil, err
-	}
-	if dbCfg.ConnectTimeout == 0 {
-		dbCfg.ConnectTimeout = connectTimeout
-	}
-	db, err := pgx.ConnectConfig(ctx, dbCfg)
+	db, err := pgconnect.Connect(ctx, r.cfg.DatabaseURL, "to database", pgconnect.Options{})
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return nil, fmt.Errorf("connect to database: %w", pgerr.Connect(err))
+		return nil, err
 	}
 	return db, nil
 }
@@ -122,18 +115,15 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	if r.cfg.ReplicationURL != "" {
 		url = r.cfg.ReplicationURL // the slot is on a standby (standby.go)
 	}
-	cfg, err := pgconnect.ReplicationConfig(url, replicationParams)
-	if err != nil {
-		return nil, err
-	}
-	cfg.RuntimeParams["replication"] = "database"
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = connectTimeout
-	}
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	conn, err := pgconnect.ConnectReplication(ctx, url, "for replication", replicationParams)
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return nil, fmt.Errorf("open replication connection: %w", replicationDenied(pgerr.Connect(err), cfg.User))
+		var ce *pgconn.ConnectError
+		role := ""
+		if errors.As(err, &ce) {
+			role = ce.Config.User
+		}
+		return nil, replicationDenied(err, role)
 	}
 	r.metrics.connectedTo("postgres")
 	return conn, nil

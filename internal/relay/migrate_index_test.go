@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -107,7 +108,7 @@ func TestIntegrationMigrateIndexDoesNotBlockInserts(t *testing.T) {
 		payload jsonb NOT NULL, enqueued_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz,
 		attempts int NOT NULL DEFAULT 0, last_error text, PRIMARY KEY (id, enqueued_at)) PARTITION BY RANGE (enqueued_at)`)
 	exec(db, `CREATE TABLE orders.event_outbox_all PARTITION OF orders.event_outbox DEFAULT`)
-	if err := migrations.ApplyTo(ctx, db, migrations.Target{Schema: "orders", Table: "event_outbox", Publication: "orders_pub"}); err != nil {
+	if err := migrations.ApplyTo(ctx, db, config.Outbox{Schema: "orders", Table: "event_outbox", Publication: "orders_pub"}); err != nil {
 		t.Fatalf("migrate a partitioned outbox: %v", err)
 	}
 	var indexed bool

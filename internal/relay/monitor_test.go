@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cdcrelay/cdcrelay/internal/monitor"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
@@ -120,7 +120,7 @@ func monitorLockHolder(t *testing.T, db *pgx.Conn) int32 {
 	err := db.QueryRow(context.Background(), `
 		SELECT coalesce(max(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
 		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND classid = $1::bigint::oid AND objid = (hashtext($2)::bigint & 4294967295)::oid`, monitor.LockClass, slotName).Scan(&pid)
+		  AND classid = $1::bigint::oid AND objid = (hashtext($2)::bigint & 4294967295)::oid`, pgconnect.MonitorLockClass, slotName).Scan(&pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestIntegrationMonitorOneHolder(t *testing.T) {
 			}
 		}
 		var ok bool
-		if err := thief.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, monitor.LockClass, slotName).Scan(&ok); err != nil {
+		if err := thief.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, pgconnect.MonitorLockClass, slotName).Scan(&ok); err != nil {
 			t.Fatal(err)
 		}
 		return ok

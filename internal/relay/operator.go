@@ -64,7 +64,7 @@ func replicationDenied(err error, role string) error {
 // SELECT on the outbox. Checked first, a missing one costs no slot. The
 // findings are check's own (internal/preflight).
 func (r *Relay) canAdopt(ctx context.Context, sdb *pgx.Conn) error {
-	table := pgx.Identifier{r.target.Schema, r.target.Table}.Sanitize()
+	table := pgx.Identifier{r.outbox.Schema, r.outbox.Table}.Sanitize()
 	var level, role string
 	var pending, canSelect bool
 	// A table the slot's standby has not replayed yet is waited for
@@ -80,7 +80,7 @@ func (r *Relay) canAdopt(ctx context.Context, sdb *pgx.Conn) error {
 		return needsOperator(f, nil)
 	}
 	if !canSelect {
-		return needsOperator(preflight.NoSelect(r.target.Schema, r.target.Table, role), nil)
+		return needsOperator(preflight.NoSelect(r.outbox.Schema, r.outbox.Table, role), nil)
 	}
 	return nil
 }

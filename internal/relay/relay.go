@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/backoff"
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
@@ -50,8 +50,8 @@ func (r Role) String() string {
 // docs/architecture.md).
 type Relay struct {
 	cfg     config.Config
-	mapping wal.Mapping
-	target  slot.Target
+	outbox  config.Outbox
+	mapping wal.Mapping // outbox, with what the session start learns of the table
 	poison  publish.PoisonPolicy
 	// janitor records every acknowledged or parked event on its row; a
 	// session's watermark learns of the event only then (invariant 10, docs/architecture.md).
@@ -112,7 +112,7 @@ func (r *Relay) Healthy() error {
 // the fate of every acknowledged or parked event on its row (NewService).
 // A nil log discards; a nil reg registers the metrics nowhere.
 func newRelay(cfg config.Config, jan *janitor.Janitor, log *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
-	schema, table, err := config.SplitTable(cfg.Table)
+	outbox, err := cfg.Outbox()
 	if err != nil {
 		return nil, err
 	}
@@ -124,14 +124,9 @@ func newRelay(cfg config.Config, jan *janitor.Janitor, log *slog.Logger, reg pro
 	}
 	registerLimits(reg, int64(cfg.MaxInFlight), int64(cfg.MaxInFlightBytes))
 	r := &Relay{
-		cfg: cfg,
-		mapping: wal.Mapping{
-			Schema: schema, Table: table,
-			ID: cfg.IDColumn, RoutingKey: cfg.RoutingKeyColumn, Payload: cfg.PayloadColumn,
-			Headers: cfg.HeadersColumn, Exchange: cfg.ExchangeColumn, MessageType: cfg.TypeColumn,
-			MaxMessageBytes: int64(cfg.MaxMessageBytes),
-		},
-		target:  slot.Target{Publication: cfg.Publication, Slot: cfg.Slot, Schema: schema, Table: table},
+		cfg:     cfg,
+		outbox:  outbox,
+		mapping: wal.Mapping{Outbox: outbox, MaxMessageBytes: int64(cfg.MaxMessageBytes)},
 		poison:  map[string]publish.PoisonPolicy{config.PoisonPark: publish.Park, config.PoisonStop: publish.Stop}[cfg.Poison],
 		janitor: jan, marks: jan,
 		log:     log,
@@ -169,7 +164,7 @@ func (r *Relay) setRole(role Role) {
 // Run runs sessions until ctx ends (a clean stop: nil) or a fatal error.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.setRole(RoleStarting)
-	backoff := r.cfg.BackoffMin
+	delay := r.cfg.BackoffMin
 	for {
 		started, progress := time.Now(), r.resume.Progress()
 		err := r.session(ctx)
@@ -197,10 +192,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			// events through made progress (a bounded queue refusing the
 			// rest): start the backoff over.
 			if time.Since(started) > r.cfg.BackoffMax || r.resume.Progress() != progress {
-				backoff = r.cfg.BackoffMin
+				delay = r.cfg.BackoffMin
 			}
-			wait = jitter(backoff)
-			backoff = min(2*backoff, r.cfg.BackoffMax)
+			wait = backoff.Jitter(delay)
+			delay = backoff.Next(delay, r.cfg.BackoffMin, r.cfg.BackoffMax)
 			r.metrics.restarts.Inc()
 			var op *OperatorError
 			if errors.As(err, &op) {
@@ -216,9 +211,4 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		}
 	}
-}
-
-// jitter spreads retries of many relays by ±20%.
-func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }

@@ -27,15 +27,14 @@ type Service struct {
 
 // NewService builds the stages from a validated configuration.
 func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (*Service, error) {
-	schema, table, err := config.SplitTable(cfg.Table)
+	outbox, err := cfg.Outbox()
 	if err != nil {
 		return nil, err
 	}
 	// Built in dependency order: the relay records each event's fate
 	// through the janitor, and retention follows the relay's role.
 	jan := janitor.New(janitor.Options{
-		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL, Origin: originName(cfg, "marks"), Slot: cfg.Slot,
-		Schema: schema, Table: table, IDColumn: cfg.IDColumn,
+		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL, Origin: originName(cfg, "marks"), Outbox: outbox,
 		MarkInterval: cfg.MarkInterval, MarkBatch: cfg.MarkBatch,
 		BackoffMin: cfg.MarkInterval, BackoffMax: min(cfg.BackoffMax, 5*time.Second),
 	}, log.With("stage", "janitor"), reg)
@@ -45,15 +44,14 @@ func NewService(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) 
 	}
 	s := &Service{Relay: rel, janitor: jan}
 	s.retention = retention.New(retention.Options{
-		DatabaseURL: cfg.DatabaseURL, Origin: originName(cfg, "retention"), Schema: schema, Table: table,
+		DatabaseURL: cfg.DatabaseURL, Origin: originName(cfg, "retention"), Outbox: outbox,
 		Retention: time.Duration(cfg.Retention), Interval: time.Duration(cfg.RetentionInterval),
-		Batch: cfg.RetentionBatch, Active: rel.Streaming, Slot: cfg.Slot,
+		Batch: cfg.RetentionBatch, Active: rel.Streaming,
 	}, log.With("stage", "retention"), reg)
 	// The monitor does not follow the role: whichever replica holds the
 	// monitor lock refreshes, so the gauges stay fresh when nothing streams.
 	s.monitor = monitor.New(monitor.Options{
-		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL,
-		Schema: schema, Table: table, Slot: cfg.Slot,
+		DatabaseURL: cfg.DatabaseURL, SlotDatabaseURL: cfg.ReplicationURL, Outbox: outbox,
 		Interval: cfg.MonitorInterval,
 	}, log.With("stage", "monitor"), reg)
 	return s, nil

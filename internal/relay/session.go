@@ -13,11 +13,6 @@ import (
 // This file is one session's life: the slot lock, the setup under it,
 // adoption or resume, then the stream.
 
-// connectTimeout bounds a connection attempt to PostgreSQL (TCP connect
-// and startup) unless the URL sets connect_timeout: a server that accepts
-// but never answers must fail the attempt, not hang the relay.
-const connectTimeout = 10 * time.Second
-
 // session runs one pipeline. ctx ending asks for a graceful stop: read no
 // more, wait up to ShutdownTimeout for in-flight confirms, confirm what was
 // acked, return. Everything it does to the slot happens under the slot
@@ -177,18 +172,18 @@ func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info,
 // outbox by the table's OID for this session and the foreign relations,
 // whose inserts are skipped (invariant 9, docs/architecture.md).
 func (r *Relay) inspect(ctx context.Context, db, sdb *pgx.Conn) (slot.Info, time.Duration, error) {
-	created, err := slot.EnsurePublication(ctx, db, r.target)
+	created, err := slot.EnsurePublication(ctx, db, r.outbox)
 	if err != nil {
 		return slot.Info{}, 0, err
 	}
 	if created {
-		r.log.Info("created publication", "publication", r.target.Publication, "table", r.cfg.Table)
+		r.log.Info("created publication", "publication", r.outbox.Publication, "table", r.cfg.Table)
 	}
 	interval, err := slot.StatusInterval(ctx, sdb, r.cfg.StatusInterval) // the walsender's wal_sender_timeout
 	if err != nil {
 		return slot.Info{}, 0, err
 	}
-	info, err := slot.Inspect(ctx, sdb, r.target, r.cfg.SlotLost == config.SlotLostRecreate)
+	info, err := slot.Inspect(ctx, sdb, r.outbox, r.cfg.SlotLost == config.SlotLostRecreate)
 	if err != nil {
 		return info, interval, err
 	}
@@ -197,8 +192,7 @@ func (r *Relay) inspect(ctx context.Context, db, sdb *pgx.Conn) (slot.Info, time
 	// stream as soon as it has.
 	// The mapped columns too: a generated one is not in the stream before
 	// PostgreSQL 18, and must be refused before anything is published.
-	m := r.mapping
-	table, foreign, err := slot.VerifyPublication(ctx, db, r.target, m.ID, m.RoutingKey, m.Payload, m.Headers, m.Exchange, m.MessageType)
+	table, foreign, err := slot.VerifyPublication(ctx, db, r.outbox, r.outbox.Columns()...)
 	if err != nil {
 		return slot.Info{}, 0, err
 	}

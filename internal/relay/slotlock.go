@@ -23,22 +23,11 @@ import (
 // database (postgres by default) it holds back nothing of the service
 // database's (advisory locks are per database, slot names per cluster).
 func (r *Relay) connectLock(ctx context.Context) (*pgx.Conn, error) {
-	dbCfg, err := pgconnect.Config(r.cfg.DatabaseURL, pgconnect.Keepalives())
-	if err != nil {
-		return nil, err
-	}
-	dbCfg.Database = r.cfg.LockDatabase
-	if dbCfg.ConnectTimeout == 0 {
-		dbCfg.ConnectTimeout = connectTimeout
-	}
-	db, err := pgx.ConnectConfig(ctx, dbCfg)
+	role := fmt.Sprintf("to the slot lock's database %s (CDCRELAY_LOCK_DATABASE)", r.cfg.LockDatabase)
+	db, err := pgconnect.Connect(ctx, r.cfg.DatabaseURL, role, pgconnect.Options{Database: r.cfg.LockDatabase, LockHolder: true})
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return nil, fmt.Errorf("connect to the slot lock's database %s (CDCRELAY_LOCK_DATABASE): %w", r.cfg.LockDatabase, pgerr.Connect(err))
-	}
-	if err := pgconnect.Hold(ctx, db); err != nil {
-		_ = db.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("slot lock's connection: %w", err)
+		return nil, err
 	}
 	return db, nil
 }

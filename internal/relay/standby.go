@@ -33,17 +33,10 @@ func (r *Relay) connectSlotDB(ctx context.Context, db *pgx.Conn) (*pgx.Conn, err
 	if r.cfg.ReplicationURL == "" {
 		return db, nil
 	}
-	cfg, err := pgconnect.Config(r.cfg.ReplicationURL, nil)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = connectTimeout
-	}
-	sdb, err := pgx.ConnectConfig(ctx, cfg)
+	sdb, err := pgconnect.Connect(ctx, r.cfg.ReplicationURL, "to the replication server (CDCRELAY_REPLICATION_URL)", pgconnect.Options{})
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
-		return nil, fmt.Errorf("connect to the replication server (CDCRELAY_REPLICATION_URL): %w", pgerr.Connect(err))
+		return nil, err
 	}
 	return sdb, nil
 }

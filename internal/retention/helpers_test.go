@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
@@ -118,7 +119,7 @@ func checkKept(t testing.TB, db *pgx.Conn, before map[string]int) {
 // newTestRetention returns a Retention on url with a log kept in logs.
 func newTestRetention(url string, batch int, logs io.Writer) (*Retention, *prometheus.Registry) {
 	reg := prometheus.NewRegistry()
-	r := New(Options{DatabaseURL: url, Schema: "public", Table: "event_outbox", Retention: testRetention,
+	r := New(Options{DatabaseURL: url, Outbox: config.Outbox{Schema: "public", Table: "event_outbox"}, Retention: testRetention,
 		Interval: time.Hour, Batch: batch}, slog.New(slog.NewTextHandler(logs, nil)), reg)
 	return r, reg
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
@@ -126,7 +127,7 @@ func startMarking(t *testing.T, url string) *marking {
 	t.Helper()
 	m := &marking{cur: "before", lat: map[string][]time.Duration{}}
 	m.phase = func(p string) { m.mu.Lock(); m.cur = p; m.mu.Unlock() }
-	j := janitor.New(janitor.Options{DatabaseURL: url, Schema: "public", Table: "event_outbox", IDColumn: "id",
+	j := janitor.New(janitor.Options{DatabaseURL: url, Outbox: config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id"},
 		MarkInterval: 100 * time.Millisecond, MarkBatch: 500}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	jbg := testenv.Go(j.Run)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cdcrelay/cdcrelay/internal/pgerr"
+	"github.com/cdcrelay/cdcrelay/internal/config"
 
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
@@ -34,11 +34,13 @@ type Options struct {
 	// Origin, when set, is the replication origin retention's
 	// transactions carry (PostgreSQL 16+, with the grants), so that the
 	// relay's stream skips its DELETEs undecoded.
-	Origin        string
-	Schema, Table string
-	Retention     time.Duration // published rows older than this are deleted
-	Interval      time.Duration // time between the end of a run and the next
-	Batch         int           // most rows per DELETE
+	Origin string
+	// Outbox is the table whose published rows are deleted; its Slot is
+	// the constant label of the run metrics.
+	config.Outbox
+	Retention time.Duration // published rows older than this are deleted
+	Interval  time.Duration // time between the end of a run and the next
+	Batch     int           // most rows per DELETE
 	// FirstDelay is how long the relay must have been active before the
 	// first run. Zero means a random 10-30 s (spreading the relays of many
 	// databases), or Interval if that is shorter.
@@ -47,8 +49,6 @@ type Options struct {
 	// Retention runs only then, and stops between batches when it ends, so
 	// a hot standby runs no statement.
 	Active func() bool
-	// Slot is the relay's slot: the constant label of the run metrics.
-	Slot string
 }
 
 // Retention is a stage that runs a retention pass shortly after the relay
@@ -139,27 +139,18 @@ const statementTimeout = time.Minute
 
 // connect opens the pass's connection.
 func (r *Retention) connect(ctx context.Context) (*pgx.Conn, error) {
-	cfg, err := pgconnect.Config(r.opts.DatabaseURL, nil)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = 10 * time.Second
-	}
-	// Always its own name, so that its backends are told apart.
-	cfg.RuntimeParams["application_name"] = pgconnect.ApplicationName + " retention"
-	cfg.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
-	db, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", pgerr.Connect(err))
-	}
+	o := pgconnect.Options{Force: map[string]string{
+		// Always its own name, so that its backends are told apart.
+		"application_name":  pgconnect.ApplicationName + " retention",
+		"statement_timeout": strconv.FormatInt(statementTimeout.Milliseconds(), 10),
+	}}
 	if r.opts.Origin != "" {
-		if _, err := pgconnect.SetupOrigin(ctx, db, r.opts.Origin); err != nil {
-			_ = db.Close(context.WithoutCancel(ctx))
-			return nil, err
+		o.Setup = func(ctx context.Context, db *pgx.Conn) error {
+			_, err := pgconnect.SetupOrigin(ctx, db, r.opts.Origin)
+			return err
 		}
 	}
-	return db, nil
+	return pgconnect.Connect(ctx, r.opts.DatabaseURL, "to database for retention", o)
 }
 
 // runOnce connects, deletes every expired published row in batches and

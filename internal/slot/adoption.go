@@ -3,43 +3,21 @@ package slot
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
-
-// MarkerSuffix ends every adoption marker's name.
-const MarkerSuffix = "_adopting"
-
-// MaxNameLen is the longest slot name the relay accepts: its marker must
-// fit PostgreSQL's 63-character limit whole (NAMEDATALEN - 1), or two slots
-// sharing a long prefix would share a marker.
-const MaxNameLen = 63 - len(MarkerSuffix)
-
-// CheckName refuses slot names that cannot get a marker of their own. With
-// the name at most MaxNameLen characters and not ending in MarkerSuffix,
-// MarkerName is injective and no configured slot name equals another slot's
-// marker, so one relay can never take another slot's marker for its own.
-func CheckName(name string) error {
-	switch {
-	case len(name) > MaxNameLen:
-		return fmt.Errorf("%q is %d characters; at most %d, so that its adoption marker %s<suffix> fits PostgreSQL's 63-character slot names", name, len(name), MaxNameLen, MarkerSuffix)
-	case strings.HasSuffix(name, MarkerSuffix):
-		return fmt.Errorf("%q ends in %s, which names the adoption marker of another slot", name, MarkerSuffix)
-	}
-	return nil
-}
 
 // MarkerName names the adoption marker of a slot: a physical slot that
 // reserves no WAL and exists only while the backlog of a new slot is being
 // published. A relay that finds it next to the slot knows the adoption was
 // interrupted (the process died) and starts it over. Slot names are
-// cluster-wide and CheckName keeps this mapping injective, so the marker is
-// unique as the slot is.
+// cluster-wide and config.CheckSlotName keeps this mapping injective, so
+// the marker is unique as the slot is.
 func MarkerName(slotName string) string {
-	return slotName + MarkerSuffix
+	return slotName + config.AdoptionSuffix
 }
 
 // BeginAdoption takes the adoption lock and creates the marker. The relay

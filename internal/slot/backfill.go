@@ -179,9 +179,9 @@ func scanEvent(rows pgx.Rows, m wal.Mapping) (wal.Event, int64, error) {
 	// poison rather than breaking the backfill.
 	switch {
 	case !key.Valid:
-		ev.Problem = fmt.Sprintf("column %q is NULL", m.RoutingKey)
+		ev.Problem = fmt.Sprintf("column %q is NULL", m.RoutingKeyColumn)
 	case ev.Payload == nil:
-		ev.Problem = fmt.Sprintf("column %q is NULL", m.Payload)
+		ev.Problem = fmt.Sprintf("column %q is NULL", m.PayloadColumn)
 	default:
 		ev.RoutingKey = key.String
 	}
@@ -217,7 +217,7 @@ func backfillQuery(ctx context.Context, db *pgx.Conn, m wal.Mapping) (string, er
 	for _, c := range cols {
 		has[c] = true
 	}
-	for _, req := range []string{m.ID, m.RoutingKey, m.Payload, "published_at"} {
+	for _, req := range []string{m.IDColumn, m.RoutingKeyColumn, m.PayloadColumn, "published_at"} {
 		if !has[req] {
 			return "", fmt.Errorf("%w: table %s has no column %q", wal.ErrSchema, table, req)
 		}
@@ -248,7 +248,7 @@ func backfillSQL(table string, m wal.Mapping, has map[string]bool) string {
 	}
 	names := []string{"i", "k", "p", "h", "e", "t"}
 	rendered, sizes := []string{"o.cdcrelay_id AS i"}, []string{"coalesce(octet_length(r.i), 0)"}
-	for i, col := range []string{m.RoutingKey, m.Payload, m.Headers, m.Exchange, m.MessageType} {
+	for i, col := range []string{m.RoutingKeyColumn, m.PayloadColumn, m.HeadersColumn, m.ExchangeColumn, m.TypeColumn} {
 		expr := "NULL::text"
 		if col != "" && has[col] {
 			expr = "o." + pgx.Identifier{col}.Sanitize() + "::text"
@@ -268,7 +268,7 @@ CROSS JOIN LATERAL (SELECT r.*, (%s)::bigint AS n FROM (SELECT %s OFFSET 0) r OF
 ORDER BY %s`,
 		unless("octet_length(v.p)::bigint"), unless("v.n"),
 		when("v.k"), when("v.p"), when("v.h"), when("v.e"), when("v.t"), enqueued,
-		pgx.Identifier{m.ID}.Sanitize(), table, inner,
+		pgx.Identifier{m.IDColumn}.Sanitize(), table, inner,
 		strings.Join(sizes, " + "), strings.Join(rendered, ", "), outer)
 }
 

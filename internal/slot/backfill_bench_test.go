@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 	"github.com/cdcrelay/cdcrelay/migrations"
@@ -33,7 +34,7 @@ func BenchmarkIntegrationBackfill(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			db := backfillBenchSeed(b, pg, bc.db, bc.rows, bc.size)
 			holder := backfillBenchConnect(b, pg.URL(bc.db))
-			m := wal.Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload", MaxMessageBytes: 16 << 20}
+			m := wal.Mapping{Outbox: config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id", RoutingKeyColumn: "routing_key", PayloadColumn: "payload"}, MaxMessageBytes: 16 << 20}
 			var rows int
 			var took time.Duration
 			var peak atomic.Uint64

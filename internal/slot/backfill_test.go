@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
@@ -136,7 +137,7 @@ func TestIntegrationBackfillByBytes(t *testing.T) {
 	// A row committed after the snapshot is not in the backfill.
 	exec(`INSERT INTO outbox VALUES ('y-later', 'k', 'x', NULL, $1, NULL)`, at)
 
-	m := wal.Mapping{Schema: "public", Table: "outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload", Headers: "headers", MaxMessageBytes: limit}
+	m := wal.Mapping{Outbox: config.Outbox{Schema: "public", Table: "outbox", IDColumn: "id", RoutingKeyColumn: "routing_key", PayloadColumn: "payload", HeadersColumn: "headers"}, MaxMessageBytes: limit}
 	c := Created{ConsistentPoint: pglogrepl.LSN(0x16B3748), Snapshot: snapshot}
 	out := make(chan wal.Event, 2000)
 	var total int64

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // ErrPublication means the publication does not carry the outbox table's
@@ -73,7 +75,7 @@ type PublicationFacts struct {
 type Columns map[string]string
 
 // ReadTable looks the configured table up by its quoted name.
-func ReadTable(ctx context.Context, db *pgx.Conn, t Target) (TableFacts, error) {
+func ReadTable(ctx context.Context, db *pgx.Conn, t config.Outbox) (TableFacts, error) {
 	tf := TableFacts{Relation: Relation{Schema: t.Schema, Name: t.Table}}
 	err := db.QueryRow(ctx, `
 		SELECT current_database(), current_user, coalesce(c.oid, 0), coalesce(c.relkind::text, '')
@@ -193,7 +195,7 @@ func ReadColumns(ctx context.Context, db *pgx.Conn, table Relation, names []stri
 // first fatal problem is its error. It returns the table, whose OID the
 // decoder maps the outbox by, and the foreign relations the publication
 // also publishes, whose inserts the decoder skips.
-func VerifyPublication(ctx context.Context, db *pgx.Conn, t Target, mapped ...string) (Relation, []Relation, error) {
+func VerifyPublication(ctx context.Context, db *pgx.Conn, t config.Outbox, mapped ...string) (Relation, []Relation, error) {
 	n := min(3, len(mapped))
 	m := Mapped{Required: mapped[:n], Optional: mapped[n:]}
 	tf, err := ReadTable(ctx, db, t)
@@ -210,7 +212,7 @@ func VerifyPublication(ctx context.Context, db *pgx.Conn, t Target, mapped ...st
 			return tf.Relation, nil, err
 		}
 	}
-	s := Scope{Target: t}
+	s := Scope{Outbox: t}
 	if err := Refusal(TableProblems(s, tf, p), PublicationProblems(s, tf, p, cols, m), GeneratedProblems(s, p, cols, m)); err != nil {
 		return tf.Relation, nil, err
 	}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // TestPublicationRefusal: the problems the relay refuses to stream on
@@ -52,7 +54,7 @@ func TestPublicationRefusal(t *testing.T) {
 			`column list leaves out payload: the relay stops at the first row: ALTER PUBLICATION "cdcrelay_outbox" SET TABLE "public"."event_outbox"; (all columns)`, nil},
 		{"a column list without an optional column", outbox, true, PublicationFacts{Exists: true, Insert: true, Tables: []Relation{outbox}, Columns: []string{"id", "routing_key", "payload"}}, "", nil},
 	}
-	s := Scope{Target: Target{Publication: "cdcrelay_outbox", Slot: "cdcrelay"}}
+	s := Scope{Outbox: config.Outbox{Publication: "cdcrelay_outbox", Slot: "cdcrelay"}}
 	m := Mapped{Required: []string{"id", "routing_key", "payload"}, Optional: []string{"headers", "", ""}}
 	cols := Columns{"id": "", "routing_key": "", "payload": "", "headers": ""}
 	for _, tt := range tests {
@@ -124,7 +126,7 @@ func TestGeneratedProblems(t *testing.T) {
 		{"virtual, never published", stored, virtual, "VIRTUAL: logical replication never publishes"},
 		{"generated but not mapped", plain, Columns{"kind_upper": "s"}, ""},
 	}
-	s := Scope{Target: Target{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}}
+	s := Scope{Outbox: config.Outbox{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}}
 	m := Mapped{Required: []string{"id", "routing_key", "payload"}, Optional: []string{"", "", ""}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // This file and rules_publication.go, rules_slot.go are the one rule book
@@ -40,7 +42,7 @@ func Refusal(lists ...[]Problem) error {
 
 // Scope is what the rules judge the facts against.
 type Scope struct {
-	Target
+	config.Outbox
 	// Quote shows an identifier in a message or remedy; nil quotes every
 	// one (pgx.Identifier), as the relay's errors do. cdcrelay check quotes
 	// only where SQL needs it, so that its remedies read as one types them.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // TestSlotProblems: which slots the relay refuses (and with which
@@ -37,7 +39,7 @@ func TestSlotProblems(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ps := SlotProblems(Scope{Target: Target{Slot: "cdcrelay"}, RecreateLost: tt.recreate}, tt.info)
+			ps := SlotProblems(Scope{Outbox: config.Outbox{Slot: "cdcrelay"}, RecreateLost: tt.recreate}, tt.info)
 			err := Refusal(ps)
 			switch {
 			case tt.fatal == nil && err != nil:
@@ -56,7 +58,7 @@ func TestSlotProblems(t *testing.T) {
 // TestTableProblems: a missing table, one renamed or moved (the only
 // table its publication publishes), and a relation that is not a table.
 func TestTableProblems(t *testing.T) {
-	s := Scope{Target: Target{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}, Quote: func(id string) string { return id }}
+	s := Scope{Outbox: config.Outbox{Publication: "cdcrelay_outbox", Schema: "public", Table: "event_outbox"}, Quote: func(id string) string { return id }}
 	missing := TableFacts{Relation: Relation{Schema: "public", Name: "event_outbox"}, Database: "app"}
 	moved := PublicationFacts{Exists: true, Insert: true, Tables: []Relation{{OID: 7, Schema: "archive", Name: "event_outbox", Kind: "r"}}}
 	view := missing

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
@@ -23,14 +24,6 @@ var (
 // ErrBusy means another process holds the slot or is adopting it: this
 // relay is a hot standby and should try again later.
 var ErrBusy = errors.New("replication slot is in use by another relay")
-
-// Target names what the relay streams from.
-type Target struct {
-	Publication string
-	Slot        string
-	Schema      string
-	Table       string
-}
 
 // Info is what the catalog says about the slot (ReadSlot); SlotProblems
 // judges it.
@@ -64,7 +57,7 @@ type Info struct {
 // only (through the root when partitioned), unless it exists. It must
 // exist before the slot: decoding looks the publication up by name as of
 // each change.
-func EnsurePublication(ctx context.Context, db *pgx.Conn, t Target) (bool, error) {
+func EnsurePublication(ctx context.Context, db *pgx.Conn, t config.Outbox) (bool, error) {
 	var exists bool
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, t.Publication).Scan(&exists); err != nil {
 		return false, fmt.Errorf("look up publication %s: %w", t.Publication, err)
@@ -76,7 +69,7 @@ func EnsurePublication(ctx context.Context, db *pgx.Conn, t Target) (bool, error
 	if err != nil {
 		return false, err
 	}
-	if err := Refusal(TableProblems(Scope{Target: t}, tf, PublicationFacts{})); err != nil {
+	if err := Refusal(TableProblems(Scope{Outbox: t}, tf, PublicationFacts{})); err != nil {
 		return false, err
 	}
 	if _, err := db.Exec(ctx, createPublicationSQL(t.Publication, tf.Relation)); err != nil {
@@ -105,12 +98,12 @@ func StatusInterval(ctx context.Context, db *pgx.Conn, limit time.Duration) (tim
 // fatal problem (SlotProblems): a slot of another kind or database, a
 // temporary one, or, unless recreateLost (CDCRELAY_SLOT_LOST=recreate),
 // an invalidated one.
-func Inspect(ctx context.Context, db *pgx.Conn, t Target, recreateLost bool) (Info, error) {
+func Inspect(ctx context.Context, db *pgx.Conn, t config.Outbox, recreateLost bool) (Info, error) {
 	info, err := ReadSlot(ctx, db, t.Slot)
 	if err != nil {
 		return info, err
 	}
-	return info, Refusal(SlotProblems(Scope{Target: t, RecreateLost: recreateLost}, info))
+	return info, Refusal(SlotProblems(Scope{Outbox: t, RecreateLost: recreateLost}, info))
 }
 
 // ReadSlot reads the slot named name and its adoption marker. The columns

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // ErrSchema marks an outbox row the relay cannot map to a message: an
@@ -44,10 +46,11 @@ func (e *RelationUnknownError) Error() string {
 // Unwrap makes errors.Is(err, ErrRelationUnknown) hold.
 func (e *RelationUnknownError) Unwrap() error { return ErrRelationUnknown }
 
-// Mapping names the outbox table and the columns the relay reads.
-// Optional columns (Headers, Exchange, Type) are used when the table has them.
+// Mapping is the outbox description (its table and the columns the relay
+// reads) with what a session learns about it. Optional columns (headers,
+// exchange, type) are used when the table has them.
 type Mapping struct {
-	Schema, Table string
+	config.Outbox
 	// OID identifies the outbox table (resolved at session start): a
 	// Relation with this OID is the outbox whatever name it carries, so a
 	// rename or move mid-stream is followed, never skipped. Zero maps by
@@ -55,9 +58,7 @@ type Mapping struct {
 	OID uint32
 	// Foreign holds the relations known at session start to be provably
 	// not the outbox (OID to qualified name): their inserts are skipped.
-	Foreign                        map[uint32]string
-	ID, RoutingKey, Payload        string
-	Headers, Exchange, MessageType string
+	Foreign map[uint32]string
 	// MaxMessageBytes, if positive, is CDCRELAY_MAX_MESSAGE_BYTES: a row
 	// larger than this is poison, judged before its values are copied.
 	MaxMessageBytes int64
@@ -233,8 +234,8 @@ func (d *Decoder) resolve(m *Relation) *relation {
 		}
 		return -1
 	}
-	rel.id, rel.key, rel.payload = index(d.mapping.ID), index(d.mapping.RoutingKey), index(d.mapping.Payload)
-	rel.headers, rel.exchange, rel.msgType = index(d.mapping.Headers), index(d.mapping.Exchange), index(d.mapping.MessageType)
+	rel.id, rel.key, rel.payload = index(d.mapping.IDColumn), index(d.mapping.RoutingKeyColumn), index(d.mapping.PayloadColumn)
+	rel.headers, rel.exchange, rel.msgType = index(d.mapping.HeadersColumn), index(d.mapping.ExchangeColumn), index(d.mapping.TypeColumn)
 	// PostgreSQL type OIDs of json and jsonb.
 	if rel.payload >= 0 {
 		oid := m.Columns[rel.payload].TypeOID
@@ -243,7 +244,7 @@ func (d *Decoder) resolve(m *Relation) *relation {
 	for _, req := range []struct {
 		name string
 		at   int
-	}{{d.mapping.ID, rel.id}, {d.mapping.RoutingKey, rel.key}, {d.mapping.Payload, rel.payload}} {
+	}{{d.mapping.IDColumn, rel.id}, {d.mapping.RoutingKeyColumn, rel.key}, {d.mapping.PayloadColumn, rel.payload}} {
 		if req.at < 0 {
 			rel.problem = fmt.Errorf("%w: table %s.%s has no column %q", ErrSchema, m.Namespace, m.Name, req.name)
 			break
@@ -296,7 +297,7 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	ev := Event{CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, Index: d.index, Xid: d.begin.Xid, PayloadIsJSON: rel.payloadIsJSON}
 	var err error
 	// Without an id the row cannot even be parked: stop.
-	if ev.ID, err = d.text(m.Tuple, rel.id, d.mapping.ID); err != nil {
+	if ev.ID, err = d.text(m.Tuple, rel.id, d.mapping.IDColumn); err != nil {
 		return Step{}, fmt.Errorf("%w: %w", ErrSchema, err)
 	}
 	// An oversize row is judged before it is copied: it already sits once
@@ -314,7 +315,7 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	}
 	// A row with an id but a NULL routing key or payload is poison, not a
 	// broken stream: it is reported with its id and the stream goes on.
-	if ev.RoutingKey, err = d.text(m.Tuple, rel.key, d.mapping.RoutingKey); err != nil {
+	if ev.RoutingKey, err = d.text(m.Tuple, rel.key, d.mapping.RoutingKeyColumn); err != nil {
 		ev.Problem = err.Error()
 	}
 	// The tuple aliases the connection's read buffer, which the next receive
@@ -322,7 +323,7 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	if payload := m.Tuple[rel.payload]; payload.Kind == 't' {
 		ev.Payload = append([]byte(nil), payload.Data...)
 	} else if ev.Problem == "" {
-		ev.Problem = fmt.Sprintf("column %q is %s", d.mapping.Payload, describe(payload.Kind))
+		ev.Problem = fmt.Sprintf("column %q is %s", d.mapping.PayloadColumn, describe(payload.Kind))
 	}
 	ev.Headers = optional(m.Tuple, rel.headers)
 	ev.Exchange = string(optional(m.Tuple, rel.exchange))

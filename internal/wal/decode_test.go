@@ -6,13 +6,15 @@ import (
 	"testing"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
-var testMapping = Mapping{
+var testMapping = Mapping{Outbox: config.Outbox{
 	Schema: "public", Table: "event_outbox",
-	ID: "id", RoutingKey: "routing_key", Payload: "payload",
-	Headers: "headers", Exchange: "exchange", MessageType: "event_type",
-}
+	IDColumn: "id", RoutingKeyColumn: "routing_key", PayloadColumn: "payload",
+	HeadersColumn: "headers", ExchangeColumn: "exchange", TypeColumn: "event_type",
+}}
 
 var outboxCols = []string{"id", "routing_key", "payload", "enqueued_at", "published_at", "attempts", "last_error"}
 

@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // budgetMarks is a Positions that records nothing of interest.
@@ -108,7 +110,7 @@ func budgetConn(t testing.TB, msgs [][]byte) (*pgconn.PgConn, *budgetServer) {
 // budget bytes of events (sem) before they are sent on out.
 func budgetReader(conn *pgconn.PgConn, sem *semaphore.Weighted, budget int64, out chan Event, stop chan struct{}) *Reader {
 	return NewReader(conn, ReaderConfig{
-		Decoder:   NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"}),
+		Decoder:   NewDecoder(Mapping{Outbox: config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id", RoutingKeyColumn: "routing_key", PayloadColumn: "payload"}}),
 		Positions: &budgetMarks{}, Out: out, Budget: sem, BudgetBytes: budget,
 		StatusInterval: 100 * time.Millisecond, SoftStop: stop, Settled: make(chan struct{}),
 		Log: slog.New(slog.DiscardHandler), Metrics: NewMetrics(prometheus.NewRegistry(), ""),

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
 // These tests drive the reader's status-update logic over a fake
@@ -107,7 +109,7 @@ func startStatusRig(t *testing.T, cfg ReaderConfig) *statusRig {
 	if cfg.Positions == nil {
 		cfg.Positions = r.pos
 	}
-	cfg.Decoder = NewDecoder(Mapping{Schema: "public", Table: "event_outbox", ID: "id", RoutingKey: "routing_key", Payload: "payload"})
+	cfg.Decoder = NewDecoder(Mapping{Outbox: config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id", RoutingKeyColumn: "routing_key", PayloadColumn: "payload"}})
 	cfg.Out, cfg.SoftStop, cfg.Settled = r.out, r.stop, r.drained
 	cfg.Turned = func() {
 		select {

@@ -1,0 +1,117 @@
+package pgconnect
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgerr"
+)
+
+// Timeout bounds each attempt to connect (TCP connect, TLS, authentication:
+// one host of a multi-host URL) unless the URL sets connect_timeout, and,
+// separately, the set-up that follows (LockHolder's, Setup). Per attempt,
+// as libpq's connect_timeout, so that a multi-host URL
+// (target_session_attrs=read-write) still reaches its second host when the
+// first one hangs.
+const Timeout = 10 * time.Second
+
+// Options say how a role's connection is set up.
+type Options struct {
+	// Database, when set, replaces the URL's database: the slot lock's
+	// connection goes to CDCRELAY_LOCK_DATABASE on the same server.
+	Database string
+	// Params are set unless the URL sets them; Force is set whatever the
+	// URL says (retention's own application_name and statement timeout).
+	Params, Force map[string]string
+	// LockHolder marks a connection that holds or waits for a session
+	// advisory lock (the slot lock, the monitor lock): it gets keepalives
+	// and no statement or lock timeout from the start (keepalives), and
+	// its session is set up to stay for days (hold).
+	LockHolder bool
+	// Setup, when set, runs after connecting (and after the lock holder's
+	// set-up), within Timeout; the connection is closed if it fails.
+	Setup func(ctx context.Context, db *pgx.Conn) error
+}
+
+// Connect opens a connection to url for role, which names the connection
+// in the error ("connect <role>: …", e.g. role "to database"), with the
+// relay's application_name, client encoding and o's set-up. A connection
+// error goes through pgerr.Connect, so its causes come first; the chain
+// keeps the *pgconn.PgError and the *pgconn.ConnectError.
+func Connect(ctx context.Context, url, role string, o Options) (*pgx.Conn, error) {
+	params := o.Params
+	if o.LockHolder {
+		params = merge(keepalives(), o.Params)
+	}
+	cfg, err := Config(url, params)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", role, err)
+	}
+	if o.Database != "" {
+		cfg.Database = o.Database
+	}
+	for k, v := range o.Force {
+		cfg.RuntimeParams[k] = v
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = Timeout
+	}
+	db, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", role, pgerr.Connect(err))
+	}
+	if err := setUp(ctx, db, o); err != nil {
+		_ = db.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("connect %s: %w", role, err)
+	}
+	return db, nil
+}
+
+// setUp runs the lock holder's set-up and o.Setup within Timeout.
+func setUp(ctx context.Context, db *pgx.Conn, o Options) error {
+	if !o.LockHolder && o.Setup == nil {
+		return nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, Timeout)
+	defer cancel()
+	if o.LockHolder {
+		if err := hold(sctx, db); err != nil {
+			return err
+		}
+	}
+	if o.Setup != nil {
+		return o.Setup(sctx, db)
+	}
+	return nil
+}
+
+// ConnectReplication opens a replication connection (replication=database)
+// to url for role, as Connect does, with params set unless the URL sets
+// them.
+func ConnectReplication(ctx context.Context, url, role string, params map[string]string) (*pgconn.PgConn, error) {
+	cfg, err := ReplicationConfig(url, params)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", role, err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = Timeout
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", role, pgerr.Connect(err))
+	}
+	return conn, nil
+}
+
+// merge returns the parameters of a and b, b's winning.
+func merge(a, b map[string]string) map[string]string {
+	for k, v := range b {
+		a[k] = v
+	}
+	return a
+}
