@@ -339,18 +339,18 @@ func TestIntegrationMarkerSeenUnderAnotherOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner := slotownHoldLock(t, e)
-	if _, err := e.db.Exec(context.Background(), `SELECT pg_create_physical_replication_slot($1, false)`, slot.MarkerName(slotName)); err != nil {
+	if _, err := e.db.Exec(context.Background(), `SELECT pg_create_physical_replication_slot($1, false)`, slot.AdoptionSlotName(slotName)); err != nil {
 		t.Fatal(err)
 	}
 	streamed, _ := insertTxns(t, e.db, "k", 20)
 	c := e.startRelay(nil)
 	slotownWaitStandbyUntouched(t, c)
 	time.Sleep(2 * time.Second)
-	if s := slotownSlots(t, e.db); !s[slotName] || !s[slot.MarkerName(slotName)] {
+	if s := slotownSlots(t, e.db); !s[slotName] || !s[slot.AdoptionSlotName(slotName)] {
 		t.Fatalf("slots while another owner holds the lock: %v; the waiting relay touched them", s)
 	}
 	// The owner finishes its adoption (drops the marker) and goes away.
-	if _, err := e.db.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot.MarkerName(slotName)); err != nil {
+	if _, err := e.db.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot.AdoptionSlotName(slotName)); err != nil {
 		t.Fatal(err)
 	}
 	if err := owner.Close(context.Background()); err != nil {

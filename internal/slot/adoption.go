@@ -10,13 +10,13 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
-// MarkerName names the adoption marker of a slot: a physical slot that
+// AdoptionSlotName names the adoption marker of a slot: a physical slot that
 // reserves no WAL and exists only while the backlog of a new slot is being
 // published. A relay that finds it next to the slot knows the adoption was
 // interrupted (the process died) and starts it over. Slot names are
 // cluster-wide and config.CheckSlotName keeps this mapping injective, so
 // the marker is unique as the slot is.
-func MarkerName(slotName string) string {
+func AdoptionSlotName(slotName string) string {
 	return slotName + config.AdoptionSuffix
 }
 
@@ -35,9 +35,9 @@ func BeginAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
 	if !locked {
 		return fmt.Errorf("%w: another relay is publishing the backlog of slot %s", ErrBusy, slotName)
 	}
-	_, err := db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, MarkerName(slotName))
+	_, err := db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, AdoptionSlotName(slotName))
 	if err != nil && pgCode(err) != pgerr.DuplicateObject {
-		return fmt.Errorf("create adoption marker %s: %w", MarkerName(slotName), err)
+		return fmt.Errorf("create adoption marker %s: %w", AdoptionSlotName(slotName), err)
 	}
 	return nil
 }
@@ -45,7 +45,7 @@ func BeginAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
 // EndAdoption drops the marker and releases the adoption lock: the slot's
 // backlog is published and streaming may begin.
 func EndAdoption(ctx context.Context, db *pgx.Conn, slotName string) error {
-	if err := Drop(ctx, db, MarkerName(slotName)); err != nil {
+	if err := Drop(ctx, db, AdoptionSlotName(slotName)); err != nil {
 		return fmt.Errorf("drop adoption marker: %w", err)
 	}
 	if _, err := db.Exec(ctx, `SELECT pg_advisory_unlock(hashtext('cdcrelay adoption ' || $1))`, slotName); err != nil {

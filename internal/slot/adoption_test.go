@@ -7,10 +7,10 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
-// TestMarkerNamesCollisionFree: slot names sharing a long prefix get
+// TestAdoptionSlotNamesCollisionFree: slot names sharing a long prefix get
 // markers of their own, names that could not are refused, and no accepted
 // name is another accepted name's marker.
-func TestMarkerNamesCollisionFree(t *testing.T) {
+func TestAdoptionSlotNamesCollisionFree(t *testing.T) {
 	prefix := strings.Repeat("a", 53)
 	accepted := []string{"cdcrelay_outbox", "a", prefix, prefix + "b", prefix + "c", strings.Repeat("z", config.MaxSlotNameLen), "x_adoptin", "adopting", "_adopting_x"}
 	refused := []string{
@@ -24,7 +24,7 @@ func TestMarkerNamesCollisionFree(t *testing.T) {
 		if err := config.CheckSlotName(name); err != nil {
 			t.Fatalf("CheckSlotName(%q): %v", name, err)
 		}
-		m := MarkerName(name)
+		m := AdoptionSlotName(name)
 		if len(m) > 63 {
 			t.Fatalf("marker of %q is %d characters", name, len(m))
 		}

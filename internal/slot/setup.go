@@ -118,7 +118,7 @@ func ReadSlot(ctx context.Context, db *pgx.Conn, name string) (Info, error) {
 		       (SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = $1),
 		       (SELECT CASE WHEN pg_is_in_recovery() OR s.restart_lsn IS NULL THEN NULL
 		                    ELSE pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)) END
-		        FROM pg_replication_slots s WHERE slot_name = $1)`, name, MarkerName(name)).
+		        FROM pg_replication_slots s WHERE slot_name = $1)`, name, AdoptionSlotName(name)).
 		Scan(&info.CurrentDatabase, &info.Adopting, &raw, &retained)
 	if err != nil {
 		return info, fmt.Errorf("look up replication slot %s: %w", name, err)
