@@ -35,7 +35,7 @@ func BenchmarkDecodeInsert(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		step, err := d.Decode(msg)
-		if err != nil || step.Kind != KindEvent {
+		if err != nil || step.Kind != stepEvent {
 			b.Fatalf("kind %v err %v", step.Kind, err)
 		}
 	}
@@ -66,7 +66,7 @@ func BenchmarkParseInsert(b *testing.B) {
 	b.SetBytes(int64(len(msg)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Parse(msg); err != nil {
+		if _, err := parseMessage(msg); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -126,22 +126,22 @@ func (e *Event) Weight(limit int64) int64 {
 	return min(int64(e.Size()), limit)
 }
 
-// Kind says what a decoded message means to the relay.
-type Kind int
+// stepKind says what a decoded message means to the relay.
+type stepKind int
 
-// The kinds of Step.
+// The kinds of step.
 const (
-	KindNone   Kind = iota // nothing to do (ignored message, other table, relation)
-	KindBegin              // a transaction opened
-	KindEvent              // an outbox row
-	KindCommit             // a transaction closed; Commit.TransactionEndLSN may be confirmed once acked
+	stepNone   stepKind = iota // nothing to do (ignored message, other table, relation)
+	stepBegin              // a transaction opened
+	stepEvent              // an outbox row
+	stepCommit             // a transaction closed; Commit.TransactionEndLSN may be confirmed once acked
 )
 
-// Step is the result of decoding one message.
-type Step struct {
-	Kind   Kind
+// step is the result of decoding one message.
+type step struct {
+	Kind   stepKind
 	Event  Event
-	Commit Commit
+	Commit commitMsg
 	// Notice, when set, is something the operator must hear about once per
 	// session (the outbox table was renamed or moved, a foreign insert was
 	// skipped): log it as a warning.
@@ -157,7 +157,7 @@ type Decoder struct {
 	mapping   Mapping
 	relations map[uint32]*relation
 	open      bool
-	begin     Begin
+	begin     beginMsg
 	index     int
 	renamed   bool // the rename notice was given this session
 	// skipped holds the foreign relations whose skip notice was given this
@@ -186,36 +186,36 @@ func NewDecoder(m Mapping) *Decoder {
 }
 
 // Decode consumes one pgoutput message.
-func (d *Decoder) Decode(data []byte) (Step, error) {
-	msg, err := Parse(data)
+func (d *Decoder) Decode(data []byte) (step, error) {
+	msg, err := parseMessage(data)
 	if err != nil {
-		return Step{}, err
+		return step{}, err
 	}
 	switch m := msg.(type) {
-	case *Begin:
+	case *beginMsg:
 		if d.open {
-			return Step{}, fmt.Errorf("%w: begin of xid %d inside xid %d", ErrProtocol, m.Xid, d.begin.Xid)
+			return step{}, fmt.Errorf("%w: begin of xid %d inside xid %d", ErrProtocol, m.Xid, d.begin.Xid)
 		}
 		d.open, d.begin, d.index = true, *m, 0
-		return Step{Kind: KindBegin}, nil
-	case *Commit:
+		return step{Kind: stepBegin}, nil
+	case *commitMsg:
 		if !d.open {
-			return Step{}, fmt.Errorf("%w: commit %s without begin", ErrProtocol, m.CommitLSN)
+			return step{}, fmt.Errorf("%w: commit %s without begin", ErrProtocol, m.CommitLSN)
 		}
 		d.open = false
-		return Step{Kind: KindCommit, Commit: *m}, nil
-	case *Relation:
+		return step{Kind: stepCommit, Commit: *m}, nil
+	case *relationMsg:
 		rel := d.resolve(m)
 		d.relations[m.ID] = rel
-		return Step{Notice: d.renameNotice(m, rel)}, nil
-	case *Insert:
+		return step{Notice: d.renameNotice(m, rel)}, nil
+	case *insertMsg:
 		return d.insert(m)
 	default:
-		return Step{}, nil
+		return step{}, nil
 	}
 }
 
-func (d *Decoder) resolve(m *Relation) *relation {
+func (d *Decoder) resolve(m *relationMsg) *relation {
 	rel := &relation{columns: len(m.Columns), name: m.Namespace + "." + m.Name}
 	if !d.isOutbox(m) {
 		// The outbox's name under another OID may be the outbox created
@@ -255,7 +255,7 @@ func (d *Decoder) resolve(m *Relation) *relation {
 
 // isOutbox maps a Relation to the outbox by OID, by name only when no OID
 // was resolved.
-func (d *Decoder) isOutbox(m *Relation) bool {
+func (d *Decoder) isOutbox(m *relationMsg) bool {
 	if d.mapping.OID != 0 {
 		return m.ID == d.mapping.OID
 	}
@@ -266,7 +266,7 @@ func (d *Decoder) isOutbox(m *Relation) bool {
 // no longer the configured one: its rows are still published, but the
 // janitor, the monitor and the next session start look the table up by
 // its configured name.
-func (d *Decoder) renameNotice(m *Relation, rel *relation) string {
+func (d *Decoder) renameNotice(m *relationMsg, rel *relation) string {
 	if !rel.outbox || d.renamed || (m.Namespace == d.mapping.Schema && m.Name == d.mapping.Table) {
 		return ""
 	}
@@ -277,28 +277,28 @@ func (d *Decoder) renameNotice(m *Relation, rel *relation) string {
 		pgx.Identifier{m.Namespace, m.Name}.Sanitize())
 }
 
-func (d *Decoder) insert(m *Insert) (Step, error) {
+func (d *Decoder) insert(m *insertMsg) (step, error) {
 	if !d.open {
-		return Step{}, fmt.Errorf("%w: insert outside a transaction", ErrProtocol)
+		return step{}, fmt.Errorf("%w: insert outside a transaction", ErrProtocol)
 	}
 	rel, ok := d.relations[m.RelationID]
 	if !ok {
-		return Step{}, fmt.Errorf("%w: insert into relation %d before its relation message", ErrSchema, m.RelationID)
+		return step{}, fmt.Errorf("%w: insert into relation %d before its relation message", ErrSchema, m.RelationID)
 	}
 	if !rel.outbox {
 		return d.other(m.RelationID, rel)
 	}
 	if rel.problem != nil {
-		return Step{}, rel.problem
+		return step{}, rel.problem
 	}
 	if len(m.Tuple) != rel.columns {
-		return Step{}, fmt.Errorf("%w: row has %d columns, relation has %d", ErrSchema, len(m.Tuple), rel.columns)
+		return step{}, fmt.Errorf("%w: row has %d columns, relation has %d", ErrSchema, len(m.Tuple), rel.columns)
 	}
 	ev := Event{CommitLSN: d.begin.FinalLSN, CommitTime: d.begin.CommitTime, Index: d.index, Xid: d.begin.Xid, PayloadIsJSON: rel.payloadIsJSON}
 	var err error
 	// Without an id the row cannot even be parked: stop.
 	if ev.ID, err = d.text(m.Tuple, rel.id, d.mapping.IDColumn); err != nil {
-		return Step{}, fmt.Errorf("%w: %w", ErrSchema, err)
+		return step{}, fmt.Errorf("%w: %w", ErrSchema, err)
 	}
 	// An oversize row is judged before it is copied: it already sits once
 	// in the receive buffer, and a copy would double that for a row that
@@ -311,7 +311,7 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 			ev.RoutingKey = string(v.Data)
 		}
 		d.index++
-		return Step{Kind: KindEvent, Event: ev}, nil
+		return step{Kind: stepEvent, Event: ev}, nil
 	}
 	// A row with an id but a NULL routing key or payload is poison, not a
 	// broken stream: it is reported with its id and the stream goes on.
@@ -329,17 +329,17 @@ func (d *Decoder) insert(m *Insert) (Step, error) {
 	ev.Exchange = string(optional(m.Tuple, rel.exchange))
 	ev.Type = string(optional(m.Tuple, rel.msgType))
 	d.index++
-	return Step{Kind: KindEvent, Event: ev}, nil
+	return step{Kind: stepEvent, Event: ev}, nil
 }
 
 // other handles an insert from a relation that is not the outbox: a
 // foreign one is skipped (noticed once per relation and session); the
 // outbox's name under another OID stops the relay; any other ends the
 // session unconfirmed, for the next start to classify it.
-func (d *Decoder) other(oid uint32, rel *relation) (Step, error) {
+func (d *Decoder) other(oid uint32, rel *relation) (step, error) {
 	switch {
 	case rel.foreign:
-		step := Step{Skipped: true}
+		step := step{Skipped: true}
 		if !d.skipped[oid] {
 			d.skipped[oid] = true
 			step.Notice = fmt.Sprintf("skipping inserts into %s (relation %d): the relay's publication publishes it, but it is not the outbox table %s; "+
@@ -348,11 +348,11 @@ func (d *Decoder) other(oid uint32, rel *relation) (Step, error) {
 		}
 		return step, nil
 	case rel.recreated:
-		return Step{}, fmt.Errorf("%w: %s (relation %d) has the outbox table's name but is not the table the session started with (dropped and created again?): "+
+		return step{}, fmt.Errorf("%w: %s (relation %d) has the outbox table's name but is not the table the session started with (dropped and created again?): "+
 			"nothing past it is confirmed; check that the new table is the outbox and that the publication publishes it (cdcrelay check), then start the relay again",
 			ErrNotOutbox, rel.name, oid)
 	}
-	return Step{}, &RelationUnknownError{OID: oid, Name: rel.name}
+	return step{}, &RelationUnknownError{OID: oid, Name: rel.name}
 }
 
 // keptKeyMax is the longest routing key an oversize row keeps: AMQP's
@@ -360,7 +360,7 @@ func (d *Decoder) other(oid uint32, rel *relation) (Step, error) {
 const keptKeyMax = 255
 
 // oversize says why a row is too large to publish, or "" when it is not.
-func (d *Decoder) oversize(tuple []Value, rel *relation) string {
+func (d *Decoder) oversize(tuple []tupleValue, rel *relation) string {
 	limit := d.mapping.MaxMessageBytes
 	if limit <= 0 {
 		return ""
@@ -382,7 +382,7 @@ func (d *Decoder) oversize(tuple []Value, rel *relation) string {
 	return ""
 }
 
-func (d *Decoder) text(tuple []Value, at int, name string) (string, error) {
+func (d *Decoder) text(tuple []tupleValue, at int, name string) (string, error) {
 	v := tuple[at]
 	if v.Kind != 't' {
 		return "", fmt.Errorf("column %q is %s", name, describe(v.Kind))
@@ -390,7 +390,7 @@ func (d *Decoder) text(tuple []Value, at int, name string) (string, error) {
 	return string(v.Data), nil
 }
 
-func optional(tuple []Value, at int) []byte {
+func optional(tuple []tupleValue, at int) []byte {
 	if at < 0 || tuple[at].Kind != 't' {
 		return nil
 	}

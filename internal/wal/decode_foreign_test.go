@@ -24,7 +24,7 @@ func TestDecoderForeignRelations(t *testing.T) {
 	tests := []struct {
 		name    string
 		msgs    [][]byte
-		want    []Kind
+		want    []stepKind
 		skipped []int // steps skipped
 		notices []int // steps that carry a notice
 		wantErr error
@@ -36,9 +36,9 @@ func TestDecoderForeignRelations(t *testing.T) {
 				encBegin(3, 2), encInsert(16600, s("2")), encRelation(16601, "shop", "carts", "id"), encInsert(16601, s("3")),
 				encRelation(16600, "public", "orders", "id"), encInsert(16600, s("4")), event("c"), encCommit(3, 4),
 			},
-			want: []Kind{
-				KindBegin, KindNone, KindNone, KindEvent, KindNone, KindEvent, KindCommit,
-				KindBegin, KindNone, KindNone, KindNone, KindNone, KindNone, KindEvent, KindCommit,
+			want: []stepKind{
+				stepBegin, stepNone, stepNone, stepEvent, stepNone, stepEvent, stepCommit,
+				stepBegin, stepNone, stepNone, stepNone, stepNone, stepNone, stepEvent, stepCommit,
 			},
 			skipped: []int{4, 8, 10, 12},
 			notices: []int{4, 10},
@@ -46,19 +46,19 @@ func TestDecoderForeignRelations(t *testing.T) {
 		{
 			name:    "a foreign relation renamed to the outbox's name",
 			msgs:    [][]byte{encBegin(1, 1), encRelation(16600, "public", "event_outbox", cols...), encInsert(16600, s("a"), s("k"), s("{}"))},
-			want:    []Kind{KindBegin, KindNone},
+			want:    []stepKind{stepBegin, stepNone},
 			wantErr: ErrNotOutbox,
 		},
 		{
 			name:    "the outbox created again under its name",
 			msgs:    [][]byte{encBegin(1, 1), outbox, event("a"), encRelation(16700, "public", "event_outbox", cols...), encInsert(16700, s("b"), s("k"), s("{}"))},
-			want:    []Kind{KindBegin, KindNone, KindEvent, KindNone},
+			want:    []stepKind{stepBegin, stepNone, stepEvent, stepNone},
 			wantErr: ErrNotOutbox,
 		},
 		{
 			name:    "a table added to the publication after the start",
 			msgs:    [][]byte{encBegin(1, 1), outbox, event("a"), encRelation(16800, "public", "invoices", "id"), encInsert(16800, s("1"))},
-			want:    []Kind{KindBegin, KindNone, KindEvent, KindNone},
+			want:    []stepKind{stepBegin, stepNone, stepEvent, stepNone},
 			wantErr: ErrRelationUnknown,
 		},
 	}
@@ -74,8 +74,8 @@ func TestDecoderForeignRelations(t *testing.T) {
 	}
 }
 
-func decodeAll(d *Decoder, msgs [][]byte) ([]Step, error) {
-	var steps []Step
+func decodeAll(d *Decoder, msgs [][]byte) ([]step, error) {
+	var steps []step
 	for _, msg := range msgs {
 		step, err := d.Decode(msg)
 		if err != nil {
@@ -86,7 +86,7 @@ func decodeAll(d *Decoder, msgs [][]byte) ([]Step, error) {
 	return steps, nil
 }
 
-func checkForeignSteps(t *testing.T, steps []Step, want []Kind, skipped, notices []int) {
+func checkForeignSteps(t *testing.T, steps []step, want []stepKind, skipped, notices []int) {
 	t.Helper()
 	if len(steps) != len(want) {
 		t.Fatalf("%d steps, want %d", len(steps), len(want))
@@ -107,12 +107,12 @@ func checkForeignSteps(t *testing.T, steps []Step, want []Kind, skipped, notices
 			}
 		}
 		switch st.Kind {
-		case KindEvent:
+		case stepEvent:
 			if st.Event.Index != index {
 				t.Fatalf("step %d: event index %d, want %d (a skipped insert takes no place)", i, st.Event.Index, index)
 			}
 			index++
-		case KindCommit:
+		case stepCommit:
 			index = 0
 		}
 	}

@@ -35,7 +35,7 @@ func TestDecoderJudgesOversizeRowsBeforeCopying(t *testing.T) {
 				t.Fatal(err)
 			}
 			ev := step.Event
-			if step.Kind != KindEvent || ev.ID != *tt.vals[0] || ev.Problem != tt.problem {
+			if step.Kind != stepEvent || ev.ID != *tt.vals[0] || ev.Problem != tt.problem {
 				t.Fatalf("step %v event %q problem %q, want %q", step.Kind, ev.ID, ev.Problem, tt.problem)
 			}
 			if tt.problem != "" && (ev.Payload != nil || ev.Headers != nil || ev.RoutingKey != "k") {
@@ -64,7 +64,7 @@ func TestDecoderOversizeCountsMappedColumnsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if step.Kind != KindEvent || step.Event.Problem != "" || string(step.Event.Payload) != `{"n":1}` {
+	if step.Kind != stepEvent || step.Event.Problem != "" || string(step.Event.Payload) != `{"n":1}` {
 		t.Fatalf("step %v problem %q payload %q: a large unread column made the row poison", step.Kind, step.Event.Problem, step.Event.Payload)
 	}
 }

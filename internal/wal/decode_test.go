@@ -26,9 +26,9 @@ func TestDecoder(t *testing.T) {
 	tests := []struct {
 		name    string
 		msgs    [][]byte
-		want    []Kind // kind of each step
+		want    []stepKind // kind of each step
 		wantErr error  // error expected from the last message
-		check   func(*testing.T, []Step)
+		check   func(*testing.T, []step)
 	}{
 		{
 			name: "one event",
@@ -36,8 +36,8 @@ func TestDecoder(t *testing.T) {
 				encBegin(0x500, 7), encRelation(1, "public", "event_outbox", outboxCols...),
 				encInsert(1, row("a1", "orders.created", `{"x":1}`)...), encCommit(0x500, 0x530),
 			},
-			want: []Kind{KindBegin, KindNone, KindEvent, KindCommit},
-			check: func(t *testing.T, steps []Step) {
+			want: []stepKind{stepBegin, stepNone, stepEvent, stepCommit},
+			check: func(t *testing.T, steps []step) {
 				ev := steps[2].Event
 				if ev.ID != "a1" || ev.RoutingKey != "orders.created" || string(ev.Payload) != `{"x":1}` {
 					t.Fatalf("event %+v", ev)
@@ -60,8 +60,8 @@ func TestDecoder(t *testing.T) {
 				encInsert(1, row("a1", "k", `{}`)...), encInsert(1, row("a2", "k", `{}`)...), encCommit(0x500, 0x530),
 				encBegin(0x600, 8), encInsert(1, row("a3", "k", `{}`)...), encCommit(0x600, 0x630),
 			},
-			want: []Kind{KindBegin, KindNone, KindEvent, KindEvent, KindCommit, KindBegin, KindEvent, KindCommit},
-			check: func(t *testing.T, steps []Step) {
+			want: []stepKind{stepBegin, stepNone, stepEvent, stepEvent, stepCommit, stepBegin, stepEvent, stepCommit},
+			check: func(t *testing.T, steps []step) {
 				if steps[2].Event.Index != 0 || steps[3].Event.Index != 1 || steps[6].Event.Index != 0 {
 					t.Fatalf("indexes %d %d %d", steps[2].Event.Index, steps[3].Event.Index, steps[6].Event.Index)
 				}
@@ -75,8 +75,8 @@ func TestDecoder(t *testing.T) {
 				encInsert(1, s(`{}`), s("ex1"), s("id9"), s(`{"h":"v"}`), s("rk"), s("T")),
 				encCommit(0x500, 0x530),
 			},
-			want: []Kind{KindBegin, KindNone, KindEvent, KindCommit},
-			check: func(t *testing.T, steps []Step) {
+			want: []stepKind{stepBegin, stepNone, stepEvent, stepCommit},
+			check: func(t *testing.T, steps []step) {
 				ev := steps[2].Event
 				if ev.ID != "id9" || ev.RoutingKey != "rk" || ev.Exchange != "ex1" || string(ev.Headers) != `{"h":"v"}` || ev.Type != "T" {
 					t.Fatalf("event %+v", ev)
@@ -91,8 +91,8 @@ func TestDecoder(t *testing.T) {
 				encRelation(1, "public", "event_outbox", "extra", "id", "routing_key", "payload"),
 				encInsert(1, s("x"), s("b"), s("k2"), s("{}")), encCommit(0x500, 0x530),
 			},
-			want: []Kind{KindBegin, KindNone, KindEvent, KindNone, KindEvent, KindCommit},
-			check: func(t *testing.T, steps []Step) {
+			want: []stepKind{stepBegin, stepNone, stepEvent, stepNone, stepEvent, stepCommit},
+			check: func(t *testing.T, steps []step) {
 				if steps[4].Event.ID != "b" || steps[4].Event.RoutingKey != "k2" {
 					t.Fatalf("event after relation change %+v", steps[4].Event)
 				}
@@ -104,20 +104,20 @@ func TestDecoder(t *testing.T) {
 				encBegin(0x500, 7), encRelation(2, "public", "orders", "id"),
 				{'U'}, {'D'}, {'T'}, {'Y'}, {'O'}, {'M'}, encCommit(0x500, 0x530),
 			},
-			want: []Kind{KindBegin, KindNone, KindNone, KindNone, KindNone, KindNone, KindNone, KindNone, KindCommit},
+			want: []stepKind{stepBegin, stepNone, stepNone, stepNone, stepNone, stepNone, stepNone, stepNone, stepCommit},
 		},
 		{
 			// Never skipped unless known foreign: the commit after it must
 			// not be confirmed.
 			name:    "a row of an unknown table ends the session",
 			msgs:    [][]byte{encBegin(0x500, 7), encRelation(2, "public", "orders", "id"), encInsert(2, s("1"))},
-			want:    []Kind{KindBegin, KindNone},
+			want:    []stepKind{stepBegin, stepNone},
 			wantErr: ErrRelationUnknown,
 		},
 		{
 			name:    "missing required column",
 			msgs:    [][]byte{encBegin(1, 1), encRelation(1, "public", "event_outbox", "id", "payload"), encInsert(1, s("a"), s("{}"))},
-			want:    []Kind{KindBegin, KindNone},
+			want:    []stepKind{stepBegin, stepNone},
 			wantErr: ErrSchema,
 		},
 		{
@@ -126,8 +126,8 @@ func TestDecoder(t *testing.T) {
 				encBegin(1, 1), encRelation(1, "public", "event_outbox", "id", "routing_key", "payload"),
 				encInsert(1, s("a"), nil, s("{}")), encInsert(1, s("b"), s("k"), nil), encInsert(1, s("c"), s("k"), s("{}")),
 			},
-			want: []Kind{KindBegin, KindNone, KindEvent, KindEvent, KindEvent},
-			check: func(t *testing.T, steps []Step) {
+			want: []stepKind{stepBegin, stepNone, stepEvent, stepEvent, stepEvent},
+			check: func(t *testing.T, steps []step) {
 				if p := steps[2].Event.Problem; p != `column "routing_key" is NULL` || steps[2].Event.ID != "a" {
 					t.Fatalf("problem %q", p)
 				}
@@ -142,13 +142,13 @@ func TestDecoder(t *testing.T) {
 		{
 			name:    "NULL id stops the stream",
 			msgs:    [][]byte{encBegin(1, 1), encRelation(1, "public", "event_outbox", "id", "routing_key", "payload"), encInsert(1, nil, s("k"), s("{}"))},
-			want:    []Kind{KindBegin, KindNone},
+			want:    []stepKind{stepBegin, stepNone},
 			wantErr: ErrSchema,
 		},
 		{
 			name:    "insert before its relation",
 			msgs:    [][]byte{encBegin(1, 1), encInsert(1, s("a"))},
-			want:    []Kind{KindBegin},
+			want:    []stepKind{stepBegin},
 			wantErr: ErrSchema,
 		},
 		{
@@ -159,13 +159,13 @@ func TestDecoder(t *testing.T) {
 		{
 			name:    "nested begin",
 			msgs:    [][]byte{encBegin(1, 1), encBegin(2, 2)},
-			want:    []Kind{KindBegin},
+			want:    []stepKind{stepBegin},
 			wantErr: ErrProtocol,
 		},
 		{
 			name:    "truncated insert",
 			msgs:    [][]byte{encBegin(1, 1), encRelation(1, "public", "event_outbox", "id"), encInsert(1, s("abcdef"))[:12]},
-			want:    []Kind{KindBegin, KindNone},
+			want:    []stepKind{stepBegin, stepNone},
 			wantErr: ErrMalformed,
 		},
 	}
@@ -173,15 +173,15 @@ func TestDecoder(t *testing.T) {
 		tests = append(tests, struct {
 			name    string
 			msgs    [][]byte
-			want    []Kind
+			want    []stepKind
 			wantErr error
-			check   func(*testing.T, []Step)
-		}{name: "unsupported " + string(unsupported), msgs: [][]byte{encBegin(1, 1), {unsupported, 0, 0, 0, 1}}, want: []Kind{KindBegin}, wantErr: ErrUnsupported})
+			check   func(*testing.T, []step)
+		}{name: "unsupported " + string(unsupported), msgs: [][]byte{encBegin(1, 1), {unsupported, 0, 0, 0, 1}}, want: []stepKind{stepBegin}, wantErr: ErrUnsupported})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := NewDecoder(testMapping)
-			var steps []Step
+			var steps []step
 			for i, m := range tt.msgs {
 				step, err := d.Decode(m)
 				if err != nil {
@@ -224,14 +224,14 @@ func TestDecoderOutboxIdentity(t *testing.T) {
 	tests := []struct {
 		name    string
 		msgs    [][]byte
-		want    []Kind
+		want    []stepKind
 		notices []int // steps that carry a notice
 		wantErr error
 	}{
 		{
 			name: "the configured table",
 			msgs: [][]byte{encBegin(1, 1), encRelation(16400, "public", "event_outbox", cols...), encInsert(16400, s("a"), s("k"), s("{}")), encCommit(1, 2)},
-			want: []Kind{KindBegin, KindNone, KindEvent, KindCommit},
+			want: []stepKind{stepBegin, stepNone, stepEvent, stepCommit},
 		},
 		{
 			name: "renamed, then moved: followed, reported once",
@@ -240,13 +240,13 @@ func TestDecoderOutboxIdentity(t *testing.T) {
 				encBegin(3, 2), encRelation(16400, "public", "outbox_v2", cols...), encInsert(16400, s("b"), s("k"), s("{}")), encCommit(3, 4),
 				encBegin(5, 3), encRelation(16400, "archive", "outbox_v2", cols...), encInsert(16400, s("c"), s("k"), s("{}")), encCommit(5, 6),
 			},
-			want:    []Kind{KindBegin, KindNone, KindEvent, KindCommit, KindBegin, KindNone, KindEvent, KindCommit, KindBegin, KindNone, KindEvent, KindCommit},
+			want:    []stepKind{stepBegin, stepNone, stepEvent, stepCommit, stepBegin, stepNone, stepEvent, stepCommit, stepBegin, stepNone, stepEvent, stepCommit},
 			notices: []int{5},
 		},
 		{
 			name:    "another relation under the configured name",
 			msgs:    [][]byte{encBegin(1, 1), encRelation(16500, "public", "event_outbox", cols...), encInsert(16500, s("a"), s("k"), s("{}"))},
-			want:    []Kind{KindBegin, KindNone},
+			want:    []stepKind{stepBegin, stepNone},
 			wantErr: ErrNotOutbox,
 		},
 		{
@@ -254,17 +254,17 @@ func TestDecoderOutboxIdentity(t *testing.T) {
 			// (and refuses a partition of the outbox).
 			name:    "a partition published under its own name",
 			msgs:    [][]byte{encBegin(1, 1), encRelation(16401, "public", "event_outbox_2026", cols...), encInsert(16401, s("a"), s("k"), s("{}"))},
-			want:    []Kind{KindBegin, KindNone},
+			want:    []stepKind{stepBegin, stepNone},
 			wantErr: ErrRelationUnknown,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := NewDecoder(m)
-			var steps []Step
+			var steps []step
 			var err error
 			for _, msg := range tt.msgs {
-				var step Step
+				var step step
 				if step, err = d.Decode(msg); err != nil {
 					break
 				}
@@ -347,10 +347,10 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
-		if step.Skipped && step.Kind != KindNone {
+		if step.Skipped && step.Kind != stepNone {
 			t.Fatalf("a skipped insert produced %+v", step)
 		}
-		if step.Kind == KindEvent && (step.Event.CommitLSN != 0x500 || (step.Event.Payload == nil && step.Event.Problem == "")) {
+		if step.Kind == stepEvent && (step.Event.CommitLSN != 0x500 || (step.Event.Payload == nil && step.Event.Problem == "")) {
 			t.Fatalf("event without its transaction's position or payload: %+v", step.Event)
 		}
 		// The parser must agree with pglogrepl on messages both accept.

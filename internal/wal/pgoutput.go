@@ -23,85 +23,85 @@ var ErrUnsupported = errors.New("unsupported pgoutput message")
 // ErrMalformed marks a message whose bytes do not match its declared shape.
 var ErrMalformed = errors.New("malformed pgoutput message")
 
-// Begin starts a transaction. FinalLSN is the LSN of its commit record.
-type Begin struct {
+// beginMsg starts a transaction. FinalLSN is the LSN of its commit record.
+type beginMsg struct {
 	FinalLSN   pglogrepl.LSN
 	CommitTime time.Time
 	Xid        uint32
 }
 
-// Commit ends a transaction. TransactionEndLSN is the position to confirm
+// commitMsg ends a transaction. TransactionEndLSN is the position to confirm
 // once every event of the transaction is acknowledged.
-type Commit struct {
+type commitMsg struct {
 	CommitLSN         pglogrepl.LSN
 	TransactionEndLSN pglogrepl.LSN
 	CommitTime        time.Time
 }
 
-// Column describes one column of a relation.
-type Column struct {
+// relColumn describes one column of a relation.
+type relColumn struct {
 	Name     string
 	TypeOID  uint32
 	Modifier int32
 	Key      bool
 }
 
-// Relation describes a table; the server sends it before the first change
+// relationMsg describes a table; the server sends it before the first change
 // to the table in a session and again after every schema change.
-type Relation struct {
+type relationMsg struct {
 	ID        uint32
 	Namespace string
 	Name      string
-	Columns   []Column
+	Columns   []relColumn
 }
 
-// Value is one column of a tuple.
-type Value struct {
+// tupleValue is one column of a tuple.
+type tupleValue struct {
 	Kind byte // 'n' null, 'u' unchanged TOAST, 't' text, 'b' binary
 	Data []byte
 }
 
-// Insert is a new row. Tuple values alias the message buffer.
-type Insert struct {
+// insertMsg is a new row. Tuple values alias the message buffer.
+type insertMsg struct {
 	RelationID uint32
-	Tuple      []Value
+	Tuple      []tupleValue
 }
 
-// Ignored is a message that carries nothing for the relay (update, delete,
+// ignoredMsg is a message that carries nothing for the relay (update, delete,
 // truncate, type, origin, logical decoding message).
-type Ignored struct{ Type byte }
+type ignoredMsg struct{ Type byte }
 
-// Message is one of Begin, Commit, Relation, Insert or Ignored.
-type Message interface{ isMessage() }
+// message is one of beginMsg, commitMsg, relationMsg, insertMsg or ignoredMsg.
+type message interface{ isMessage() }
 
-func (*Begin) isMessage()    {}
-func (*Commit) isMessage()   {}
-func (*Relation) isMessage() {}
-func (*Insert) isMessage()   {}
-func (*Ignored) isMessage()  {}
+func (*beginMsg) isMessage()    {}
+func (*commitMsg) isMessage()   {}
+func (*relationMsg) isMessage() {}
+func (*insertMsg) isMessage()   {}
+func (*ignoredMsg) isMessage()  {}
 
 // pgEpoch is 2000-01-01, the origin of PostgreSQL timestamps.
 var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// Parse decodes one pgoutput (proto_version 1) message.
-func Parse(data []byte) (Message, error) {
+// parseMessage decodes one pgoutput (proto_version 1) message.
+func parseMessage(data []byte) (message, error) {
 	if len(data) == 0 {
 		return nil, fmt.Errorf("%w: empty message", ErrMalformed)
 	}
 	r := reader{buf: data[1:]}
-	var m Message
+	var m message
 	switch t := data[0]; t {
 	case 'B':
-		m = &Begin{FinalLSN: r.lsn(), CommitTime: r.time(), Xid: r.u32()}
+		m = &beginMsg{FinalLSN: r.lsn(), CommitTime: r.time(), Xid: r.u32()}
 	case 'C':
 		r.u8() // flags, unused
-		m = &Commit{CommitLSN: r.lsn(), TransactionEndLSN: r.lsn(), CommitTime: r.time()}
+		m = &commitMsg{CommitLSN: r.lsn(), TransactionEndLSN: r.lsn(), CommitTime: r.time()}
 	case 'R':
 		m = parseRelation(&r)
 	case 'I':
 		m = parseInsert(&r)
 	case 'U', 'D', 'T', 'Y', 'O', 'M':
-		return &Ignored{Type: t}, nil
+		return &ignoredMsg{Type: t}, nil
 	case 'S', 'E', 'c', 'A':
 		return nil, fmt.Errorf("%w: streamed transaction message %q (the relay starts replication with streaming off)", ErrUnsupported, t)
 	case 'b', 'P', 'K', 'r', 'p':
@@ -115,8 +115,8 @@ func Parse(data []byte) (Message, error) {
 	return m, nil
 }
 
-func parseRelation(r *reader) *Relation {
-	rel := &Relation{ID: r.u32(), Namespace: r.str(), Name: r.str()}
+func parseRelation(r *reader) *relationMsg {
+	rel := &relationMsg{ID: r.u32(), Namespace: r.str(), Name: r.str()}
 	r.u8() // replica identity setting
 	n := int(r.u16())
 	if r.err != nil {
@@ -128,16 +128,16 @@ func parseRelation(r *reader) *Relation {
 		r.fail("relation declares %d columns in %d bytes", n, len(r.buf))
 		return rel
 	}
-	rel.Columns = make([]Column, 0, n)
+	rel.Columns = make([]relColumn, 0, n)
 	for i := 0; i < n && r.err == nil; i++ {
 		flags := r.u8()
-		rel.Columns = append(rel.Columns, Column{Key: flags&1 == 1, Name: r.str(), TypeOID: r.u32(), Modifier: int32(r.u32())})
+		rel.Columns = append(rel.Columns, relColumn{Key: flags&1 == 1, Name: r.str(), TypeOID: r.u32(), Modifier: int32(r.u32())})
 	}
 	return rel
 }
 
-func parseInsert(r *reader) *Insert {
-	ins := &Insert{RelationID: r.u32()}
+func parseInsert(r *reader) *insertMsg {
+	ins := &insertMsg{RelationID: r.u32()}
 	if kind := r.u8(); r.err == nil && kind != 'N' {
 		r.fail("insert tuple marker %q, want 'N'", kind)
 	}
@@ -149,9 +149,9 @@ func parseInsert(r *reader) *Insert {
 		r.fail("tuple declares %d values in %d bytes", n, len(r.buf))
 		return ins
 	}
-	ins.Tuple = make([]Value, n)
+	ins.Tuple = make([]tupleValue, n)
 	for i := range ins.Tuple {
-		v := Value{Kind: r.u8()}
+		v := tupleValue{Kind: r.u8()}
 		switch v.Kind {
 		case 'n', 'u':
 		case 't', 'b':

@@ -412,12 +412,12 @@ func (r *Reader) decode(xld pglogrepl.XLogData) (*Event, error) {
 		r.cfg.Metrics.foreignSkipped.Inc()
 	}
 	switch step.Kind {
-	case KindBegin:
+	case stepBegin:
 		r.cfg.Positions.Begin()
-	case KindCommit:
+	case stepCommit:
 		r.cfg.Positions.Commit(step.Commit.TransactionEndLSN)
 		r.cfg.Metrics.commits.Inc()
-	case KindEvent:
+	case stepEvent:
 		ev := step.Event
 		ev.Seq = r.cfg.Positions.NextSeq()
 		r.cfg.Metrics.decoded.Inc()
