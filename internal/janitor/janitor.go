@@ -354,13 +354,13 @@ func (j *Janitor) turn(ctx context.Context) {
 // while the server shuts down, a second 57P01 right away too.
 func (j *Janitor) writeOrLearn(ctx context.Context) (down bool, err error) {
 	if err = j.connect(ctx); err != nil {
-		return ShuttingDown(err), err
+		return shuttingDown(err), err
 	}
 	err = j.write(ctx)
-	if err == nil || ShuttingDown(err) || j.db != nil || ctx.Err() != nil {
-		return ShuttingDown(err), err
+	if err == nil || shuttingDown(err) || j.db != nil || ctx.Err() != nil {
+		return shuttingDown(err), err
 	}
 	j.log.Info("janitor's connection was lost; connecting again at once", "error", err)
 	err = j.write(ctx)
-	return ShuttingDown(err) || Terminated(err), err
+	return shuttingDown(err) || terminated(err), err
 }

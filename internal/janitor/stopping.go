@@ -33,7 +33,7 @@ func (j *Janitor) databaseShuttingDown() {
 	j.dbShuttingDown = make(chan struct{})
 }
 
-// ShuttingDown reports whether err says that the database is shutting down
+// shuttingDown reports whether err says that the database is shutting down
 // or not running, so no mark can be written while the current replication
 // session lives:
 //   - 57P02 crash_shutdown: the server restarts after a backend crashed;
@@ -50,15 +50,15 @@ func (j *Janitor) databaseShuttingDown() {
 // server that answers nothing has no walsender left to wait for.
 // Permission errors (42501) and the like are not shutdowns: delivery goes
 // on and the slot waits until marking works again.
-func ShuttingDown(err error) bool {
+func shuttingDown(err error) bool {
 	return hasCode(err, pgerr.CrashShutdown, pgerr.CannotConnectNow)
 }
 
-// Terminated reports whether err is 57P01 admin_shutdown: the janitor's
+// terminated reports whether err is 57P01 admin_shutdown: the janitor's
 // backend was ended, by a fast or smart shutdown, a failover, or a
 // pg_terminate_backend. Right after a lost connection, a new backend
 // ended at once counts as a shutdown too.
-func Terminated(err error) bool {
+func terminated(err error) bool {
 	return hasCode(err, pgerr.AdminShutdown)
 }
 

@@ -41,10 +41,10 @@ func TestShuttingDownClassification(t *testing.T) {
 		{"eof", fmt.Errorf("mark: %w", io.ErrUnexpectedEOF), false, false},
 		{"nil", nil, false, false},
 	} {
-		if got := ShuttingDown(c.err); got != c.down {
+		if got := shuttingDown(c.err); got != c.down {
 			t.Errorf("%s: ShuttingDown = %v, want %v", c.name, got, c.down)
 		}
-		if got := Terminated(c.err); got != c.terminated {
+		if got := terminated(c.err); got != c.terminated {
 			t.Errorf("%s: Terminated = %v, want %v", c.name, got, c.terminated)
 		}
 	}

@@ -80,7 +80,7 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 		return 0, fmt.Errorf("declare backfill cursor: %w", err)
 	}
 	n, count := 0, backfillFirstFetch
-	at := SnapshotLSN(c.ConsistentPoint)
+	at := snapshotLSN(c.ConsistentPoint)
 	send := func(ev wal.Event) error {
 		ev.Seq, ev.CommitLSN, ev.Index = seq.NextSeq(), at, n
 		select {
@@ -272,14 +272,14 @@ ORDER BY %s`,
 		strings.Join(sizes, " + "), strings.Join(rendered, ", "), outer)
 }
 
-// SnapshotLSN is the commit LSN a new slot's snapshot rows carry: the LSN
+// snapshotLSN is the commit LSN a new slot's snapshot rows carry: the LSN
 // just before the slot's consistent point. Every snapshot row committed
 // before that point, and the stream holds exactly the transactions whose
-// commit record starts at or after it, so (SnapshotLSN, index) sorts after
+// commit record starts at or after it, so (snapshotLSN, index) sorts after
 // every event streamed from an earlier slot and strictly before every event
 // streamed from this one, including a transaction whose commit record
 // starts exactly at the consistent point. No WAL record starts there (a
 // record is at least 24 bytes long and the one before ends at the
 // consistent point), so no streamed transaction has it as its commit LSN
 // (invariant 12, docs/architecture.md; docs/messages.md).
-func SnapshotLSN(consistentPoint pglogrepl.LSN) pglogrepl.LSN { return consistentPoint - 1 }
+func snapshotLSN(consistentPoint pglogrepl.LSN) pglogrepl.LSN { return consistentPoint - 1 }

@@ -51,11 +51,11 @@ func (s Server) String() string {
 	if s.InRecovery {
 		role = "standby"
 	}
-	return fmt.Sprintf("PostgreSQL %s (%s)", VersionString(s.Version), role)
+	return fmt.Sprintf("PostgreSQL %s (%s)", versionString(s.Version), role)
 }
 
-// VersionString turns server_version_num into "17.10" (or "9.6.24").
-func VersionString(num int) string {
+// versionString turns server_version_num into "17.10" (or "9.6.24").
+func versionString(num int) string {
 	if num >= 100000 {
 		return fmt.Sprintf("%d.%d", num/10000, num%10000)
 	}

@@ -74,8 +74,8 @@ type PublicationFacts struct {
 // pg_attribute.attgenerated: "" plain, "s" stored, "v" virtual.
 type Columns map[string]string
 
-// ReadTable looks the configured table up by its quoted name.
-func ReadTable(ctx context.Context, db *pgx.Conn, t config.Outbox) (TableFacts, error) {
+// readTable looks the configured table up by its quoted name.
+func readTable(ctx context.Context, db *pgx.Conn, t config.Outbox) (TableFacts, error) {
 	tf := TableFacts{Relation: Relation{Schema: t.Schema, Name: t.Table}}
 	err := db.QueryRow(ctx, `
 		SELECT current_database(), current_user, coalesce(c.oid, 0), coalesce(c.relkind::text, '')
@@ -167,9 +167,9 @@ func (p *PublicationFacts) readTables(ctx context.Context, db *pgx.Conn, name st
 	return rows.Err()
 }
 
-// ReadColumns returns those of names that are columns of table, each with
+// readColumns returns those of names that are columns of table, each with
 // its attgenerated.
-func ReadColumns(ctx context.Context, db *pgx.Conn, table Relation, names []string) (Columns, error) {
+func readColumns(ctx context.Context, db *pgx.Conn, table Relation, names []string) (Columns, error) {
 	rows, err := db.Query(ctx, `
 		SELECT attname::text, attgenerated::text FROM pg_attribute
 		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attname = ANY($2)`, table.OID, names)
@@ -198,7 +198,7 @@ func ReadColumns(ctx context.Context, db *pgx.Conn, table Relation, names []stri
 func VerifyPublication(ctx context.Context, db *pgx.Conn, t config.Outbox, mapped ...string) (Relation, []Relation, error) {
 	n := min(3, len(mapped))
 	m := Mapped{Required: mapped[:n], Optional: mapped[n:]}
-	tf, err := ReadTable(ctx, db, t)
+	tf, err := readTable(ctx, db, t)
 	if err != nil {
 		return tf.Relation, nil, err
 	}
@@ -208,12 +208,12 @@ func VerifyPublication(ctx context.Context, db *pgx.Conn, t config.Outbox, mappe
 	}
 	var cols Columns
 	if tf.Kind != "" {
-		if cols, err = ReadColumns(ctx, db, tf.Relation, m.all()); err != nil {
+		if cols, err = readColumns(ctx, db, tf.Relation, m.all()); err != nil {
 			return tf.Relation, nil, err
 		}
 	}
 	s := Scope{Outbox: t}
-	if err := Refusal(TableProblems(s, tf, p), PublicationProblems(s, tf, p, cols, m), GeneratedProblems(s, p, cols, m)); err != nil {
+	if err := refusal(TableProblems(s, tf, p), PublicationProblems(s, tf, p, cols, m), GeneratedProblems(s, p, cols, m)); err != nil {
 		return tf.Relation, nil, err
 	}
 	_, _, foreign := split(tf, p)

@@ -64,7 +64,7 @@ func TestPublicationRefusal(t *testing.T) {
 				tf.Kind = ""
 			}
 			s.Schema, s.Table = tt.table.Schema, tt.table.Name
-			err := Refusal(TableProblems(s, tf, tt.p), PublicationProblems(s, tf, tt.p, cols, m), GeneratedProblems(s, tt.p, cols, m))
+			err := refusal(TableProblems(s, tf, tt.p), PublicationProblems(s, tf, tt.p, cols, m), GeneratedProblems(s, tt.p, cols, m))
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -130,7 +130,7 @@ func TestGeneratedProblems(t *testing.T) {
 	m := Mapped{Required: []string{"id", "routing_key", "payload"}, Optional: []string{"", "", ""}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := Refusal(GeneratedProblems(s, tt.p, tt.cols, m))
+			err := refusal(GeneratedProblems(s, tt.p, tt.cols, m))
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)

@@ -27,9 +27,9 @@ type Problem struct {
 	Err error
 }
 
-// Refusal is the relay's error for the first fatal problem of lists, taken
+// refusal is the relay's error for the first fatal problem of lists, taken
 // in order, or nil when none is fatal.
-func Refusal(lists ...[]Problem) error {
+func refusal(lists ...[]Problem) error {
 	for _, ps := range lists {
 		for _, p := range ps {
 			if p.Fatal {

@@ -40,7 +40,7 @@ func TestSlotProblems(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ps := SlotProblems(Scope{Outbox: config.Outbox{Slot: "cdcrelay"}, RecreateLost: tt.recreate}, tt.info)
-			err := Refusal(ps)
+			err := refusal(ps)
 			switch {
 			case tt.fatal == nil && err != nil:
 				t.Fatalf("refused: %v", err)

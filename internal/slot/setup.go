@@ -65,11 +65,11 @@ func EnsurePublication(ctx context.Context, db *pgx.Conn, t config.Outbox) (bool
 	if exists {
 		return false, nil
 	}
-	tf, err := ReadTable(ctx, db, t)
+	tf, err := readTable(ctx, db, t)
 	if err != nil {
 		return false, err
 	}
-	if err := Refusal(TableProblems(Scope{Outbox: t}, tf, PublicationFacts{})); err != nil {
+	if err := refusal(TableProblems(Scope{Outbox: t}, tf, PublicationFacts{})); err != nil {
 		return false, err
 	}
 	if _, err := db.Exec(ctx, createPublicationSQL(t.Publication, tf.Relation)); err != nil {
@@ -103,7 +103,7 @@ func Inspect(ctx context.Context, db *pgx.Conn, t config.Outbox, recreateLost bo
 	if err != nil {
 		return info, err
 	}
-	return info, Refusal(SlotProblems(Scope{Outbox: t, RecreateLost: recreateLost}, info))
+	return info, refusal(SlotProblems(Scope{Outbox: t, RecreateLost: recreateLost}, info))
 }
 
 // ReadSlot reads the slot named name and its adoption marker. The columns
