@@ -40,7 +40,7 @@ func (j *Janitor) databaseShuttingDown() {
 //   - 57P03 cannot_connect_now: the server is shutting down, starting up
 //     or in recovery.
 //
-// 57P01 admin_shutdown (see Terminated) is not enough by itself: a fast
+// 57P01 admin_shutdown (see terminated) is not enough by itself: a fast
 // shutdown sends it, but so does a pg_terminate_backend of the janitor's
 // connection alone. A refused connection, a reset or an EOF is not taken
 // for a shutdown either: it may be a network fault, a proxy or a timeout
