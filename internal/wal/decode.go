@@ -132,9 +132,9 @@ type stepKind int
 // The kinds of step.
 const (
 	stepNone   stepKind = iota // nothing to do (ignored message, other table, relation)
-	stepBegin              // a transaction opened
-	stepEvent              // an outbox row
-	stepCommit             // a transaction closed; Commit.TransactionEndLSN may be confirmed once acked
+	stepBegin                  // a transaction opened
+	stepEvent                  // an outbox row
+	stepCommit                 // a transaction closed; Commit.TransactionEndLSN may be confirmed once acked
 )
 
 // step is the result of decoding one message.

@@ -27,7 +27,7 @@ func TestDecoder(t *testing.T) {
 		name    string
 		msgs    [][]byte
 		want    []stepKind // kind of each step
-		wantErr error  // error expected from the last message
+		wantErr error      // error expected from the last message
 		check   func(*testing.T, []step)
 	}{
 		{
