@@ -33,7 +33,7 @@ func replicationConnection(ctx context.Context, cfg config.Config, opts Options,
 		url, name = cfg.ReplicationURL, "CDCRELAY_REPLICATION_URL" // the slot is on the standby
 	}
 	o := checkSession(opts, nil)
-	o.Setup = nil // a replication session runs no SQL, so it cannot write
+	o.Setup = nil // ConnectReplication takes none; check runs only IDENTIFY_SYSTEM here
 	conn, err := pgconnect.ConnectReplication(ctx, url, "for replication", o)
 	if errors.Is(err, pgconnect.ErrParse) {
 		f.Severity, f.Message = Error, name+" is not a valid PostgreSQL connection string"
