@@ -35,6 +35,24 @@ type Options struct {
 	// Setup, when set, runs after connecting (and after the lock holder's
 	// set-up), within Timeout; the connection is closed if it fails.
 	Setup func(ctx context.Context, db *pgx.Conn) error
+	// Timeout, when positive, replaces the package's Timeout for this
+	// connection: it bounds each attempt whatever the URL's
+	// connect_timeout says, and the set-up. 0 keeps the default rule
+	// (the URL's connect_timeout, else Timeout). cdcrelay check's -timeout
+	// sets it, so that the operator's bound holds for every connection
+	// the check opens.
+	Timeout time.Duration
+}
+
+// attemptTimeout applies o's timeout rule to cfg's per-attempt
+// ConnectTimeout (Options.Timeout).
+func attemptTimeout(cfg *pgconn.Config, o Options) {
+	switch {
+	case o.Timeout > 0:
+		cfg.ConnectTimeout = o.Timeout
+	case cfg.ConnectTimeout == 0:
+		cfg.ConnectTimeout = Timeout
+	}
 }
 
 // Connect opens a connection to url for role, which names the connection
@@ -57,9 +75,7 @@ func Connect(ctx context.Context, url, role string, o Options) (*pgx.Conn, error
 	for k, v := range o.Force {
 		cfg.RuntimeParams[k] = v
 	}
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = Timeout
-	}
+	attemptTimeout(&cfg.Config, o)
 	db, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", role, pgerr.Connect(err))
@@ -71,12 +87,17 @@ func Connect(ctx context.Context, url, role string, o Options) (*pgx.Conn, error
 	return db, nil
 }
 
-// setUp runs the lock holder's set-up and o.Setup within Timeout.
+// setUp runs the lock holder's set-up and o.Setup within Timeout (or
+// o.Timeout).
 func setUp(ctx context.Context, db *pgx.Conn, o Options) error {
 	if !o.LockHolder && o.Setup == nil {
 		return nil
 	}
-	sctx, cancel := context.WithTimeout(ctx, Timeout)
+	limit := Timeout
+	if o.Timeout > 0 {
+		limit = o.Timeout
+	}
+	sctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	if o.LockHolder {
 		if err := hold(sctx, db); err != nil {
@@ -90,17 +111,22 @@ func setUp(ctx context.Context, db *pgx.Conn, o Options) error {
 }
 
 // ConnectReplication opens a replication connection (replication=database)
-// to url for role, as Connect does, with params set unless the URL sets
-// them.
-func ConnectReplication(ctx context.Context, url, role string, params map[string]string) (*pgconn.PgConn, error) {
-	cfg, err := ReplicationConfig(url, params)
+// to url for role, as Connect does. Of o, Params, Force and Timeout apply
+// as they do for Connect; Database, LockHolder and Setup set up a
+// *pgx.Conn session and are refused here rather than ignored.
+func ConnectReplication(ctx context.Context, url, role string, o Options) (*pgconn.PgConn, error) {
+	if o.Database != "" || o.LockHolder || o.Setup != nil {
+		return nil, fmt.Errorf("connect %s: a replication connection takes no Database, LockHolder or Setup", role)
+	}
+	cfg, err := ReplicationConfig(url, o.Params)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", role, err)
 	}
-	cfg.RuntimeParams["replication"] = "database"
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = Timeout
+	for k, v := range o.Force {
+		cfg.RuntimeParams[k] = v
 	}
+	cfg.RuntimeParams["replication"] = "database"
+	attemptTimeout(cfg, o)
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", role, pgerr.Connect(err))

@@ -53,7 +53,7 @@ func TestConnectNamesTheRole(t *testing.T) {
 	if err == nil || !strings.HasPrefix(err.Error(), "connect to database: ") || strings.Contains(err.Error(), "sekret") {
 		t.Fatalf("malformed URL: %v", err)
 	}
-	_, err = ConnectReplication(ctx, "postgres://u:sekret@db:notaport/app", "for replication", nil)
+	_, err = ConnectReplication(ctx, "postgres://u:sekret@db:notaport/app", "for replication", Options{})
 	if err == nil || !strings.HasPrefix(err.Error(), "connect for replication: ") || strings.Contains(err.Error(), "sekret") {
 		t.Fatalf("malformed replication URL: %v", err)
 	}
@@ -86,6 +86,37 @@ func TestConnectTimeout(t *testing.T) {
 		took := time.Since(began)
 		if err == nil || !strings.HasPrefix(err.Error(), "connect to database: ") || took < c.min-100*time.Millisecond || took > c.max {
 			t.Fatalf("URL query %q: %v after %s, want a failure after %s to %s", c.query, err, took, c.min, c.max)
+		}
+	}
+}
+
+// TestConnectOptionsTimeout: Options.Timeout bounds each attempt of both
+// openers, over the URL's connect_timeout too (cdcrelay check's -timeout),
+// and ConnectReplication refuses the options it cannot honour.
+func TestConnectOptionsTimeout(t *testing.T) {
+	addr := silentServer(t)
+	url := "postgres://u@" + addr + "/app?sslmode=disable&connect_timeout=30"
+	const limit = 500 * time.Millisecond
+	for name, connect := range map[string]func() error{
+		"Connect": func() error {
+			_, err := Connect(context.Background(), url, "to database", Options{Timeout: limit})
+			return err
+		},
+		"ConnectReplication": func() error {
+			_, err := ConnectReplication(context.Background(), url, "for replication", Options{Timeout: limit})
+			return err
+		},
+	} {
+		began := time.Now()
+		err := connect()
+		took := time.Since(began)
+		if err == nil || !strings.HasPrefix(err.Error(), "connect ") || took < limit-100*time.Millisecond || took > limit+5*time.Second {
+			t.Fatalf("%s: %v after %s, want a failure after %s", name, err, took, limit)
+		}
+	}
+	for _, o := range []Options{{Database: "postgres"}, {LockHolder: true}, {Setup: func(context.Context, *pgx.Conn) error { return nil }}} {
+		if _, err := ConnectReplication(context.Background(), url, "for replication", o); err == nil || !strings.HasPrefix(err.Error(), "connect for replication: ") {
+			t.Fatalf("replication connection with %+v: %v, want it refused", o, err)
 		}
 	}
 }
@@ -169,7 +200,7 @@ func TestIntegrationConnectSetUp(t *testing.T) {
 		t.Fatalf("failed set-up: %v; connection left open: %v", err, setupDB != nil && !setupDB.IsClosed())
 	}
 
-	repl, err := ConnectReplication(ctx, pg.URL("app"), "for replication", map[string]string{"statement_timeout": "0"})
+	repl, err := ConnectReplication(ctx, pg.URL("app"), "for replication", Options{Params: map[string]string{"statement_timeout": "0"}})
 	if err != nil {
 		t.Fatal(err)
 	}

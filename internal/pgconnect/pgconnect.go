@@ -19,9 +19,10 @@ import (
 // would make every commit wait for the broker (preflight checks that).
 const ApplicationName = "cdcrelay"
 
-// errParse replaces the parser's error, which may quote the URL and with
-// it the password.
-var errParse = errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
+// ErrParse replaces the parser's error, which may quote the URL and with
+// it the password. Connect's and ConnectReplication's errors wrap it when
+// the URL does not parse (cdcrelay check reports that case by itself).
+var ErrParse = errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection string")
 
 // Config parses url for a pgx connection. application_name (ApplicationName)
 // and each of params are set unless the URL sets them; client_encoding is
@@ -29,7 +30,7 @@ var errParse = errors.New("parse CDCRELAY_DATABASE_URL: not a valid connection s
 func Config(url string, params map[string]string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return nil, errParse
+		return nil, ErrParse
 	}
 	setDefaults(cfg.RuntimeParams, params)
 	return cfg, nil
@@ -40,7 +41,7 @@ func Config(url string, params map[string]string) (*pgx.ConnConfig, error) {
 func ReplicationConfig(url string, params map[string]string) (*pgconn.Config, error) {
 	cfg, err := pgconn.ParseConfig(url)
 	if err != nil {
-		return nil, errParse
+		return nil, ErrParse
 	}
 	setDefaults(cfg.RuntimeParams, params)
 	return cfg, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
@@ -57,17 +58,12 @@ func database(ctx context.Context, cfg config.Config, opts Options) []Finding {
 // identifies the server and the role (into t). The findings say whom it
 // reached, or why it could not (then the connection is nil).
 func connectPrimary(ctx context.Context, cfg config.Config, opts Options, t *target) (*pgx.Conn, []Finding) {
-	pc, err := pgx.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
+	where := config.Redact(cfg.DatabaseURL)
+	db, err := pgconnect.Connect(ctx, cfg.DatabaseURL, "to database", checkSession(opts, statementTimeout(opts)))
+	if errors.Is(err, pgconnect.ErrParse) {
 		return nil, []Finding{{Check: checkDatabase, Severity: Error, Message: "CDCRELAY_DATABASE_URL is not a valid PostgreSQL connection string",
 			Remedy: "use postgres://user:password@host:5432/database or host=… dbname=… user=…"}}
 	}
-	pc.ConnectTimeout = opts.Timeout
-	pc.RuntimeParams["application_name"] = checkApplicationName
-	readOnly(&pc.Config)
-	pc.RuntimeParams["statement_timeout"] = strconv.FormatInt(opts.Timeout.Milliseconds(), 10)
-	where := config.Redact(cfg.DatabaseURL)
-	db, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, []Finding{connectFailed(checkDatabase, where, err)}
 	}
@@ -88,25 +84,37 @@ func connectPrimary(ctx context.Context, cfg config.Config, opts Options, t *tar
 	return db, fs
 }
 
-// readOnly makes the session read-only once connected, so that the
-// preflight cannot write. It is set after the connection is validated, not
-// as a startup parameter: with target_session_attrs=read-write (or
-// primary) pgconn asks the server whether the session is read-only and
-// would reject every server of a session started read-only, so check would
-// fail where run, which connects without it, succeeds.
-func readOnly(pc *pgconn.Config) {
-	next := pc.AfterConnect
-	pc.AfterConnect = func(ctx context.Context, conn *pgconn.PgConn) error {
-		if next != nil {
-			if err := next(ctx, conn); err != nil {
-				return err
-			}
-		}
-		if _, err := conn.Exec(ctx, "SET default_transaction_read_only = on").ReadAll(); err != nil {
-			return fmt.Errorf("make the check's session read-only: %w", err)
-		}
-		return nil
+// checkSession is pgconnect's options for one of check's sessions, opened
+// as the relay opens its own but named checkApplicationName whatever the
+// URL says (so that it is never taken for the relay), with each attempt
+// and the set-up bounded by opts.Timeout (-timeout, over the URL's
+// connect_timeout), read-only once connected (readOnly), and force's
+// parameters set whatever the URL says.
+func checkSession(opts Options, force map[string]string) pgconnect.Options {
+	f := map[string]string{"application_name": checkApplicationName}
+	for k, v := range force {
+		f[k] = v
 	}
+	return pgconnect.Options{Force: f, Timeout: opts.Timeout, Setup: readOnly}
+}
+
+// statementTimeout bounds each of a session's statements by opts.Timeout.
+func statementTimeout(opts Options) map[string]string {
+	return map[string]string{"statement_timeout": strconv.FormatInt(opts.Timeout.Milliseconds(), 10)}
+}
+
+// readOnly makes the session read-only once connected (pgconnect's
+// Setup), so that the preflight cannot write. It is set after the
+// connection is validated, not as a startup parameter: with
+// target_session_attrs=read-write (or primary) pgconn asks the server
+// whether the session is read-only and would reject every server of a
+// session started read-only, so check would fail where run, which connects
+// without it, succeeds.
+func readOnly(ctx context.Context, db *pgx.Conn) error {
+	if _, err := db.Exec(ctx, "SET default_transaction_read_only = on"); err != nil {
+		return fmt.Errorf("make the check's session read-only: %w", err)
+	}
+	return nil
 }
 
 // ok reports whether a Finding returned alongside facts means they are
@@ -126,10 +134,17 @@ func newTarget(cfg config.Config) (target, error) {
 	}, nil
 }
 
-// connectFailed turns a connection error into a finding whose remedy fits
-// the cause. where is the redacted URL.
+// connectFailed turns pgconnect's connection error into a finding whose
+// remedy fits the cause. where is the redacted URL: it names the server,
+// so the message drops pgconnect's "connect <role>: " and gives the error
+// under it, which has been through pgerr.Connect already (applying that
+// twice would repeat its remedy).
 func connectFailed(check, where string, err error) Finding {
-	f := Finding{Check: check, Severity: Error, Message: fmt.Sprintf("cannot connect to %s: %v", where, pgerr.Connect(err))}
+	cause := err
+	if inner := errors.Unwrap(err); inner != nil {
+		cause = inner
+	}
+	f := Finding{Check: check, Severity: Error, Message: fmt.Sprintf("cannot connect to %s: %v", where, cause)}
 	var pgErr *pgconn.PgError
 	code := ""
 	if errors.As(err, &pgErr) {

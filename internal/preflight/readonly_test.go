@@ -5,26 +5,23 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
 // TestIntegrationReadOnlyWithTargetSessionAttrs: a URL with
-// target_session_attrs=read-write connects (as run's connections do), and
-// the session is still read-only, so check cannot write.
+// target_session_attrs=read-write connects (as run's connections do)
+// through check's session options, and the session is still read-only, so
+// check cannot write.
 func TestIntegrationReadOnlyWithTargetSessionAttrs(t *testing.T) {
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
 	ctx := context.Background()
 	for _, attrs := range []string{"read-write", "primary", "any"} {
 		t.Run(attrs, func(t *testing.T) {
-			pc, err := pgx.ParseConfig(pg.URL("postgres") + "&target_session_attrs=" + attrs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			readOnly(&pc.Config)
-			db, err := pgx.ConnectConfig(ctx, pc)
+			url := pg.URL("postgres") + "&target_session_attrs=" + attrs
+			db, err := pgconnect.Connect(ctx, url, "to database", checkSession(Options{Timeout: DefaultTimeout}, nil))
 			if err != nil {
 				t.Fatalf("connect: %v", err)
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
@@ -31,15 +32,13 @@ func replicationConnection(ctx context.Context, cfg config.Config, opts Options,
 	if cfg.ReplicationURL != "" {
 		url, name = cfg.ReplicationURL, "CDCRELAY_REPLICATION_URL" // the slot is on the standby
 	}
-	rc, err := pgconn.ParseConfig(url)
-	if err != nil {
+	o := checkSession(opts, nil)
+	o.Setup = nil // ConnectReplication takes none; check runs only IDENTIFY_SYSTEM here
+	conn, err := pgconnect.ConnectReplication(ctx, url, "for replication", o)
+	if errors.Is(err, pgconnect.ErrParse) {
 		f.Severity, f.Message = Error, name+" is not a valid PostgreSQL connection string"
 		return f
 	}
-	rc.ConnectTimeout = opts.Timeout
-	rc.RuntimeParams["replication"] = "database"
-	rc.RuntimeParams["application_name"] = checkApplicationName
-	conn, err := pgconn.ConnectConfig(ctx, rc)
 	if err != nil {
 		f = connectFailed(checkReplConn, "the database in replication mode", err)
 		var pgErr *pgconn.PgError

@@ -2,12 +2,12 @@ package preflight
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
@@ -18,17 +18,14 @@ const checkSlotLock = "slot_lock"
 // slotLock connects to the lock's database as the relay does and reports
 // the lock's holder, if any.
 func slotLock(ctx context.Context, cfg config.Config, opts Options) Finding {
-	pc, err := pgx.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return Finding{Check: checkSlotLock, Severity: Error, Message: "CDCRELAY_DATABASE_URL is not a valid PostgreSQL connection string"}
-	}
-	pc.Database = cfg.LockDatabase
-	pc.ConnectTimeout = opts.Timeout
-	pc.RuntimeParams["application_name"] = checkApplicationName
-	readOnly(&pc.Config) // as connectPrimary: after target_session_attrs is checked
+	o := checkSession(opts, nil) // no statement_timeout: 2*opts.Timeout bounds this check
+	o.Database = cfg.LockDatabase
 	ctx, cancel := context.WithTimeout(ctx, 2*opts.Timeout)
 	defer cancel()
-	db, err := pgx.ConnectConfig(ctx, pc)
+	db, err := pgconnect.Connect(ctx, cfg.DatabaseURL, "to the lock's database", o)
+	if errors.Is(err, pgconnect.ErrParse) {
+		return Finding{Check: checkSlotLock, Severity: Error, Message: "CDCRELAY_DATABASE_URL is not a valid PostgreSQL connection string"}
+	}
 	if err != nil {
 		f := connectFailed(checkSlotLock, "database "+cfg.LockDatabase, err)
 		f.Remedy = fmt.Sprintf("the relay holds the slot lock in CDCRELAY_LOCK_DATABASE (%s): let the role connect to it (GRANT CONNECT ON DATABASE %s), or set CDCRELAY_LOCK_DATABASE to a database it can connect to; the service database works, but a waiting standby then holds back its vacuum horizon. (%s)",

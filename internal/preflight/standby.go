@@ -2,12 +2,13 @@ package preflight
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
@@ -28,16 +29,11 @@ type standbyFacts struct {
 // A finding says why it could not.
 func connectStandby(ctx context.Context, cfg config.Config, opts Options) (*pgx.Conn, []Finding) {
 	where := config.Redact(cfg.ReplicationURL)
-	pc, err := pgx.ParseConfig(cfg.ReplicationURL)
-	if err != nil {
+	sdb, err := pgconnect.Connect(ctx, cfg.ReplicationURL, "to the replication server", checkSession(opts, statementTimeout(opts)))
+	if errors.Is(err, pgconnect.ErrParse) {
 		return nil, []Finding{{Check: checkStandby, Severity: Error, Message: "CDCRELAY_REPLICATION_URL is not a valid PostgreSQL connection string",
 			Remedy: "use postgres://user:password@standby:5432/database"}}
 	}
-	pc.ConnectTimeout = opts.Timeout
-	pc.RuntimeParams["application_name"] = checkApplicationName
-	pc.RuntimeParams["statement_timeout"] = strconv.FormatInt(opts.Timeout.Milliseconds(), 10)
-	readOnly(&pc.Config)
-	sdb, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, []Finding{connectFailed(checkStandby, where, err)}
 	}

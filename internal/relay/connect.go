@@ -115,7 +115,7 @@ func (r *Relay) connectReplication(ctx context.Context) (*pgconn.PgConn, error) 
 	if r.cfg.ReplicationURL != "" {
 		url = r.cfg.ReplicationURL // the slot is on a standby (standby.go)
 	}
-	conn, err := pgconnect.ConnectReplication(ctx, url, "for replication", replicationParams)
+	conn, err := pgconnect.ConnectReplication(ctx, url, "for replication", pgconnect.Options{Params: replicationParams})
 	if err != nil {
 		r.metrics.connectFailures.WithLabelValues("postgres").Inc()
 		var ce *pgconn.ConnectError
