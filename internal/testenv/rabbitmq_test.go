@@ -78,6 +78,8 @@ func TestIntegrationRabbitMQPrivateNode(t *testing.T) {
 	if err := r.SetMemoryHighWatermark(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
+	// Lifted before the connections close if the test fails meanwhile.
+	t.Cleanup(func() { _ = r.SetMemoryHighWatermark(context.Background(), 0.4) })
 	if err := pch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{Body: []byte("held")}); err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,10 @@ func MustChannel(tb testing.TB, url string) (*amqp.Connection, *amqp.Channel) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { _ = conn.Close() })
+	// A deadline: a broker that blocks publishers (a test that failed
+	// during a resource alarm) never answers connection.close, and a plain
+	// Close would hang the test binary until its timeout.
+	tb.Cleanup(func() { _ = conn.CloseDeadline(time.Now().Add(5 * time.Second)) })
 	ch, err := conn.Channel()
 	if err != nil {
 		tb.Fatal(err)
