@@ -35,7 +35,8 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	g, gctx := errgroup.WithContext(hard)
 	marks := r.janitor.Session(gctx, watermark)
 	publisher := publish.NewPublisher(link, events, marks, budget, r.publisherConfig())
-	// ctx ending is the soft stop; hard is the Run context, the hard one.
+	// ctx ending is the soft stop (SoftStop: read no more, drain, report);
+	// gctx, under hard, ends the reader at once.
 	reader := wal.NewReader(repl, wal.ReaderConfig{
 		Decoder: wal.NewDecoder(r.mapping), Positions: watermark, Out: events,
 		Budget: budget, BudgetBytes: int64(r.cfg.MaxInFlightBytes),

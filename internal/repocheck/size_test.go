@@ -10,7 +10,7 @@ import (
 )
 
 // maxLines bounds every non-test Go file: a file longer than this holds
-// more than one concern and is split by concern (docs/architecture.md).
+// more than one concern and is split by concern (docs/testing.md).
 const maxLines = 500
 
 // TestNoLargeGoFiles fails on any non-test Go file above maxLines lines.
