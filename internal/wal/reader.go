@@ -30,7 +30,7 @@ type ReaderConfig struct {
 	Decoder   *Decoder
 	Positions Positions
 	Out       chan<- Event // closed by Run when it returns
-	// Budget, if set, is the byte budget of BudgetBytes shared with the
+	// Budget is the byte budget of BudgetBytes shared with the
 	// publisher: the reader takes an event's Weight before sending it to
 	// Out and the publisher gives it back once the event is confirmed or
 	// parked, so decoded events waiting in Out count against the same bound
@@ -259,10 +259,8 @@ func (r *Reader) Run(ctx context.Context) error {
 // in Out, keeping status updates flowing all along: the reader never blocks
 // on the broker.
 func (r *Reader) offer(ctx context.Context, ev *Event) error {
-	if r.cfg.Budget != nil {
-		if ok, err := r.reserve(ctx, ev.Weight(r.cfg.BudgetBytes)); !ok || err != nil {
-			return err // !ok: SoftStop was closed; the event is not sent
-		}
+	if ok, err := r.reserve(ctx, ev.Weight(r.cfg.BudgetBytes)); !ok || err != nil {
+		return err // !ok: SoftStop was closed; the event is not sent
 	}
 	select { // the common case: room at once, no timer needed
 	case r.cfg.Out <- *ev:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 )
@@ -111,6 +112,9 @@ func startStatusRig(t *testing.T, cfg ReaderConfig) *statusRig {
 	}
 	cfg.Decoder = NewDecoder(Mapping{Outbox: config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id", RoutingKeyColumn: "routing_key", PayloadColumn: "payload"}})
 	cfg.Out, cfg.SoftStop, cfg.Settled = r.out, r.stop, r.drained
+	// A budget nothing gives back, as no publisher runs: room for far more
+	// than any test sends, so only the status updates are under test.
+	cfg.Budget, cfg.BudgetBytes = semaphore.NewWeighted(1<<40), 1<<40
 	cfg.Turned = func() {
 		select {
 		case r.turns <- struct{}{}:
