@@ -50,7 +50,8 @@ func requireTools(t *testing.T) tools {
 }
 
 // helmPath is $HELM, or the helm `make -C deploy/helm helm` builds into
-// deploy/helm/.bin/<HELM_VERSION>/helm (the version pinned in that Makefile).
+// <HELM_VERSION>/helm (the version pinned in that Makefile) under
+// $CDCRELAY_HELM_CACHE, by default /var/cache/cdcrelay/helm.
 func helmPath(t *testing.T) string {
 	t.Helper()
 	path := os.Getenv("HELM")
@@ -63,7 +64,11 @@ func helmPath(t *testing.T) string {
 		if m == nil {
 			t.Fatal("deploy/helm/Makefile: no HELM_VERSION line")
 		}
-		path = filepath.Join(repoRoot(t), "deploy", "helm", ".bin", string(m[1]), "helm")
+		cache := os.Getenv("CDCRELAY_HELM_CACHE")
+		if cache == "" {
+			cache = "/var/cache/cdcrelay/helm"
+		}
+		path = filepath.Join(cache, string(m[1]), "helm")
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("helm not found at %s (%v): run `make chart-test` (or `make -C deploy/helm helm`) first, or set HELM", path, err)

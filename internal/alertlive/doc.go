@@ -6,7 +6,8 @@
 // itself) makes CdcrelayNoStreamingRelay fire while CdcrelayMonitorStale
 // stays quiet, and recovery resolves it with every event committed during
 // the outage delivered. It needs the helm binary `make chart-test` builds
-// into deploy/helm/.bin, which plain `go test ./...` does not, hence the tag.
+// into /var/cache/cdcrelay/helm, which plain `go test ./...` does not,
+// hence the tag.
 //
 // There is no library code here.
 package alertlive

@@ -148,11 +148,13 @@ func TestDocsVariableDefaults(t *testing.T) {
 
 // notRead are CDCRELAY_ names the docs may mention although Config has no
 // field for them: the failpoint variable of test builds, the variables of
-// the test environment (internal/testenv) and the fault matrix's report
-// file, and the misspelling the docs use as an example of a typo.
+// the test environment (internal/testenv), the fault matrix's report file
+// and the chart tests' helm folder, and the misspelling the docs use as an
+// example of a typo.
 var notRead = []string{
 	"CDCRELAY_FAILPOINT",
 	"CDCRELAY_PG_BIN", "CDCRELAY_RABBITMQ_BIN", "CDCRELAY_TEST_AMQP_URL", "CDCRELAY_FAULTS_REPORT",
+	"CDCRELAY_HELM_CACHE",
 	"CDCRELAY_POISSON",
 }
 

@@ -1,3 +1,5 @@
+//go:build faults
+
 package relay_test
 
 import (

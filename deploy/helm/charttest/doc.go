@@ -2,6 +2,7 @@
 // it runs `helm lint` and `helm template` over the values files in testdata/ and
 // decodes every rendered manifest strictly into its Kubernetes API type, so that
 // a misspelt or misplaced field fails the test. The helm binary comes from the
-// HELM environment variable, by default ../.bin/v3.22.0/helm, which `make -C deploy/helm
-// test` builds from the Go module proxy at a pinned version.
+// HELM environment variable, by default v3.22.0/helm under $CDCRELAY_HELM_CACHE
+// (/var/cache/cdcrelay/helm), which `make -C deploy/helm test` builds from the Go
+// module proxy at a pinned version.
 package charttest

@@ -28,13 +28,18 @@ const (
 	kubeVersion = "v1.31.0"
 )
 
-// helmBin returns the helm binary: $HELM, or ../.bin/v3.22.0/helm as installed by
-// `make -C deploy/helm helm`. A missing binary fails the test: it never skips.
+// helmBin returns the helm binary: $HELM, or v3.22.0/helm in the folder
+// `make -C deploy/helm helm` builds it into ($CDCRELAY_HELM_CACHE, by default
+// /var/cache/cdcrelay/helm). A missing binary fails the test: it never skips.
 func helmBin(t *testing.T) string {
 	t.Helper()
 	bin := os.Getenv("HELM")
 	if bin == "" {
-		bin = filepath.Join("..", ".bin", "v3.22.0", "helm") // as the Makefile installs it
+		cache := os.Getenv("CDCRELAY_HELM_CACHE")
+		if cache == "" {
+			cache = "/var/cache/cdcrelay/helm" // as the Makefile installs it
+		}
+		bin = filepath.Join(cache, "v3.22.0", "helm")
 	}
 	abs, err := filepath.Abs(bin)
 	if err != nil {

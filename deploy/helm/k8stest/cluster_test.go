@@ -317,7 +317,11 @@ func (c *cluster) exists(t *testing.T, path string) bool {
 // cache folders, so nothing of the user's helm set-up is read or written.
 func (c *cluster) helm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	bin := binary(t, "HELM", "../.bin/v3.22.0/helm")
+	helmCache := os.Getenv("CDCRELAY_HELM_CACHE") // where make -C deploy/helm helm builds it
+	if helmCache == "" {
+		helmCache = "/var/cache/cdcrelay/helm"
+	}
+	bin := binary(t, "HELM", filepath.Join(helmCache, "v3.22.0", "helm"))
 	cmd := exec.Command(bin, append(args, "--kubeconfig", c.kubeconfig)...)
 	cmd.Env = append(os.Environ(),
 		"HELM_CONFIG_HOME="+filepath.Join(c.dir, "helm/config"),
