@@ -132,7 +132,7 @@ test-k8s:
 # One live test (internal/alertlive): a real Prometheus (Debian's prometheus
 # package) scrapes the relay and evaluates the chart's rendered alert rules
 # through a broker outage. Needs the helm binary chart-test builds into
-# /var/cache/cdcrelay/helm; the test fails, naming the fix, when it is missing.
+# the user's cache folder; the test fails, naming the fix, when it is missing.
 test-alerts:
 	HELM=$$($(MAKE) -s --no-print-directory -C deploy/helm helm-path) $(GO) test -race -tags alerts -count=1 ./internal/alertlive/
 

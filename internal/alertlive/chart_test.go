@@ -51,7 +51,7 @@ func requireTools(t *testing.T) tools {
 
 // helmPath is $HELM, or the helm `make -C deploy/helm helm` builds into
 // <HELM_VERSION>/helm (the version pinned in that Makefile) under
-// $CDCRELAY_HELM_CACHE, by default /var/cache/cdcrelay/helm.
+// $CDCRELAY_HELM_CACHE, by default cdcrelay/helm in the user's cache folder.
 func helmPath(t *testing.T) string {
 	t.Helper()
 	path := os.Getenv("HELM")
@@ -66,7 +66,11 @@ func helmPath(t *testing.T) string {
 		}
 		cache := os.Getenv("CDCRELAY_HELM_CACHE")
 		if cache == "" {
-			cache = "/var/cache/cdcrelay/helm"
+			dir, err := os.UserCacheDir()
+			if err != nil {
+				t.Fatalf("no HELM, no CDCRELAY_HELM_CACHE and no user cache folder: %v", err)
+			}
+			cache = filepath.Join(dir, "cdcrelay", "helm")
 		}
 		path = filepath.Join(cache, string(m[1]), "helm")
 	}

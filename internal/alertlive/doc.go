@@ -6,7 +6,7 @@
 // itself) makes CdcrelayNoStreamingRelay fire while CdcrelayMonitorStale
 // stays quiet, and recovery resolves it with every event committed during
 // the outage delivered. It needs the helm binary `make chart-test` builds
-// into /var/cache/cdcrelay/helm, which plain `go test ./...` does not,
+// into the user's cache folder, which plain `go test ./...` does not,
 // hence the tag.
 //
 // There is no library code here.

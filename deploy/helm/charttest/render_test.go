@@ -30,14 +30,19 @@ const (
 
 // helmBin returns the helm binary: $HELM, or v3.22.0/helm in the folder
 // `make -C deploy/helm helm` builds it into ($CDCRELAY_HELM_CACHE, by default
-// /var/cache/cdcrelay/helm). A missing binary fails the test: it never skips.
+// cdcrelay/helm in the user's cache folder). A missing binary fails the test:
+// it never skips.
 func helmBin(t *testing.T) string {
 	t.Helper()
 	bin := os.Getenv("HELM")
 	if bin == "" {
 		cache := os.Getenv("CDCRELAY_HELM_CACHE")
 		if cache == "" {
-			cache = "/var/cache/cdcrelay/helm" // as the Makefile installs it
+			dir, err := os.UserCacheDir() // as the Makefile picks it
+			if err != nil {
+				t.Fatalf("no HELM, no CDCRELAY_HELM_CACHE and no user cache folder: %v", err)
+			}
+			cache = filepath.Join(dir, "cdcrelay", "helm")
 		}
 		bin = filepath.Join(cache, "v3.22.0", "helm")
 	}

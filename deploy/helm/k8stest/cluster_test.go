@@ -319,7 +319,11 @@ func (c *cluster) helm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	helmCache := os.Getenv("CDCRELAY_HELM_CACHE") // where make -C deploy/helm helm builds it
 	if helmCache == "" {
-		helmCache = "/var/cache/cdcrelay/helm"
+		dir, err := os.UserCacheDir()
+		if err != nil {
+			t.Fatalf("no HELM, no CDCRELAY_HELM_CACHE and no user cache folder: %v", err)
+		}
+		helmCache = filepath.Join(dir, "cdcrelay", "helm")
 	}
 	bin := binary(t, "HELM", filepath.Join(helmCache, "v3.22.0", "helm"))
 	cmd := exec.Command(bin, append(args, "--kubeconfig", c.kubeconfig)...)
