@@ -15,8 +15,8 @@ func TestMain(m *testing.M) { builds.Main(m) }
 // processes, with bounds that allow for a shared CPU. The tests that
 // measure memory or latency figures stay sequential, as do the short ones.
 //
-// The fault suite: a test that waits 20 s or more for what it checks (a
-// 60 s idle window, a broker blocking a full socket, marks refused long
-// enough to degrade) lives in a file tagged faults, and make test-faults
-// runs it (the Makefile's RELAY_FAULT_TESTS), so that make test stays under
-// 10 minutes on two cores.
+// The fault suite: the longest waiting tests (a 60 s idle window, a broker
+// blocking a full socket, marks refused until the status turns degraded)
+// live in files tagged faults, and make test-faults runs them (the
+// Makefile's RELAY_FAULT_TESTS), so that make test stays under 10 minutes
+// on two cores.
