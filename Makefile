@@ -62,8 +62,8 @@ test-unit:
 # -parallel 4: the parallel tests (internal/relay/main_test.go) mostly wait,
 # so four at a time on two cores overlap their waits. internal/relay comes
 # first: go test starts packages in the order given, two at a time on two
-# cores, and the longest (about 5 min) started last kept one core idle at
-# the end while it ran alone.
+# cores, and the longest (internal/relay, 6-7 min) used to start 3 min in
+# and run alone at the end.
 test-go:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi
