@@ -81,7 +81,11 @@ type entry struct {
 // parked is a poison event to record on its row.
 type parked struct {
 	id, reason string
+	xid        uint32 // its transaction; 0: unknown (a snapshot row), visible by then
 	done       func()
+	// visible: an UPDATE could not find the row although its transaction
+	// was already visible to new snapshots (see parkUnseen).
+	visible bool
 }
 
 // Janitor is a stage: its Sessions queue work, Run writes it.
@@ -223,12 +227,12 @@ func (j *Janitor) mark(ctx context.Context, id string, xid uint32, done func()) 
 }
 
 // park queues a poison event's row to get attempts+1 and last_error (it
-// stays unpublished); done is called once that is recorded, or once
-// recording turned out impossible (no grant or no such column). It waits
-// like mark while maxParked events are queued.
-func (j *Janitor) park(ctx context.Context, id, reason string, done func()) error {
+// stays unpublished); done is called once that is recorded, once recording
+// turned out impossible (no grant or no such column), or once the row is
+// found gone. It waits like mark while maxParked events are queued.
+func (j *Janitor) park(ctx context.Context, id string, xid uint32, reason string, done func()) error {
 	err := j.enqueue(ctx, func() bool { return len(j.parked) < maxParked }, func() {
-		j.parked = append(j.parked, parked{id: id, reason: reason, done: done})
+		j.parked = append(j.parked, parked{id: id, reason: reason, xid: xid, done: done})
 	})
 	if err == nil {
 		j.Flush()

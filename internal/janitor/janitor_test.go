@@ -100,7 +100,7 @@ func TestMarkTakeLimit(t *testing.T) {
 
 func TestParkQueue(t *testing.T) {
 	j := newTest(10)
-	if err := j.park(context.Background(), "x", "bad json", nop); err != nil {
+	if err := j.park(context.Background(), "x", 7, "bad json", nop); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -108,7 +108,7 @@ func TestParkQueue(t *testing.T) {
 	default:
 		t.Fatal("a parked event did not wake the writer")
 	}
-	if len(j.parked) != 1 || j.parked[0].id != "x" || j.parked[0].reason != "bad json" {
+	if len(j.parked) != 1 || j.parked[0].id != "x" || j.parked[0].xid != 7 || j.parked[0].reason != "bad json" {
 		t.Fatalf("parked queue %+v", j.parked)
 	}
 }

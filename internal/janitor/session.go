@@ -51,7 +51,7 @@ func (s *Session) Ack(ev publish.Ref) {
 // Parked queues a poison event to be recorded on its row; it was never
 // published as is.
 func (s *Session) Parked(ev publish.Ref, reason string) {
-	s.hand(ev, func(done func()) error { return s.j.park(s.ctx, ev.ID, reason, done) })
+	s.hand(ev, func(done func()) error { return s.j.park(s.ctx, ev.ID, ev.Xid, reason, done) })
 }
 
 // Resumed moves the watermark past an event an earlier session had acked

@@ -259,33 +259,44 @@ func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool, running ma
 
 // flushParked records parked events, one statement per row (poison is
 // rare). A role without the grant, or a table without the columns, gets
-// one report; the rows are skipped all the same.
+// one report; the rows are skipped all the same. A row not visible yet
+// stays queued for the next flush.
 func (j *Janitor) flushParked(ctx context.Context) error {
 	j.mu.Lock()
 	todo := j.parked
 	j.parked = nil
 	j.mu.Unlock()
+	var again []parked
 	for i, p := range todo {
-		if err := j.recordParked(ctx, p); err != nil {
+		later, err := j.recordParked(ctx, p)
+		if err != nil {
 			j.mu.Lock()
-			j.parked = append(todo[i:], j.parked...)
+			j.parked = append(append(again, todo[i:]...), j.parked...)
 			j.mu.Unlock()
 			return err
 		}
+		if later != nil {
+			again = append(again, *later)
+		}
 	}
 	j.mu.Lock()
+	j.parked = append(again, j.parked...)
 	j.freed()
 	j.mu.Unlock()
 	return nil
 }
 
-func (j *Janitor) recordParked(ctx context.Context, p parked) error {
+// recordParked records one park and calls its done, or returns it to try
+// again (parkUnseen).
+func (j *Janitor) recordParked(ctx context.Context, p parked) (*parked, error) {
 	if err := j.statements(ctx); err != nil {
-		return err
+		return nil, err
 	}
-	_, err := j.db.Exec(ctx, j.parkSQL, p.id, p.reason)
+	tag, err := j.db.Exec(ctx, j.parkSQL, p.id, p.reason)
 	var pgErr *pgconn.PgError
 	switch {
+	case err == nil && tag.RowsAffected() == 0:
+		return j.parkUnseen(ctx, p)
 	case err == nil:
 		j.metrics.parked.Inc()
 	case errors.As(err, &pgErr) && (pgErr.Code == pgerr.InsufficientPrivilege || pgErr.Code == pgerr.UndefinedColumn):
@@ -297,10 +308,33 @@ func (j *Janitor) recordParked(ctx context.Context, p parked) error {
 		}
 	default:
 		j.forgetStale(err)
-		return fmt.Errorf("record parked event %s: %w", p.id, err)
+		return nil, fmt.Errorf("record parked event %s: %w", p.id, err)
 	}
 	p.done()
-	return nil
+	return nil, nil
+}
+
+// parkUnseen handles a park whose UPDATE found no row, as settleMarked
+// does a mark's: a poison event is parked with no broker round trip, so
+// its UPDATE can run before the row's transaction is visible (a commit
+// waiting for a synchronous standby, or just not yet out of the procarray)
+// and must not settle then, or the slot would pass a row neither published
+// nor parked. It is tried again while that transaction runs, once more
+// when it is visible, and counted gone (deleted, or marked published by
+// someone else) when even that finds nothing.
+func (j *Janitor) parkUnseen(ctx context.Context, p parked) (*parked, error) {
+	if p.visible {
+		j.metrics.gone.Inc()
+		j.log.Info("a parked event's row not found although its transaction is visible; counted as deleted", "event", p.id)
+		p.done()
+		return nil, nil
+	}
+	running, err := j.stillRunning(ctx, []entry{{id: p.id, xid: p.xid}}, map[string]bool{p.id: true})
+	if err != nil {
+		return nil, err
+	}
+	p.visible = p.xid == 0 || !running[p.xid]
+	return &p, nil
 }
 
 // forgetStale drops the statements built with the id column's type when

@@ -340,3 +340,46 @@ func TestIntegrationJanitorMarksRowsSeenLate(t *testing.T) {
 	id := e.consumer.Deliveries()[0].MessageID
 	waitMarked(t, e, []row{{id: id}}, 10*time.Second)
 }
+
+// TestIntegrationJanitorParksRowsSeenLate: as above for a poison row. The
+// relay parks it at once, with no broker round trip, so the janitor's
+// UPDATE can run before the row's transaction is visible (here: a commit
+// held back by synchronous replication; on a loaded machine: the gap
+// between the commit's WAL flush and its visibility). The janitor must
+// try again until the row is visible, not count the park as recorded and
+// let the slot pass a row that is neither published nor parked.
+func TestIntegrationJanitorParksRowsSeenLate(t *testing.T) {
+	e := newEnv(t, testenv.PostgresOptions{}, "#")
+	poisonTable(t, e)
+	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
+	r.waitStreaming(t)
+	ctx := context.Background()
+	setSync := func(v string) { t.Helper(); setSynchronousStandby(t, e, v) }
+	setSync("nobody") // commits now wait for a standby that never comes
+	t.Cleanup(func() { setSync("") })
+	db := e.connect()
+	inserted := make(chan error, 1)
+	var id string
+	go func() {
+		inserted <- db.QueryRow(ctx, `INSERT INTO event_outbox (routing_key, payload) VALUES ('late', 'not json') RETURNING id::text`).Scan(&id)
+	}()
+	r.WaitFor(t, 30*time.Second, "the poison event decoded and parked while its commit still waits", func() bool {
+		return gauge(t, r.reg, "cdcrelay_poison_events_total") >= 1
+	})
+	var visible int
+	if err := e.db.QueryRow(ctx, `SELECT count(*) FROM event_outbox`).Scan(&visible); err != nil || visible != 0 {
+		t.Fatalf("row visible (%d, %v) before its commit returned; the test would prove nothing", visible, err)
+	}
+	time.Sleep(time.Second) // several attempts to record the park that cannot see the row
+	setSync("")
+	if err := <-inserted; err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 10*time.Second, "the poison row parked once visible", func() bool {
+		var parked bool
+		if err := e.db.QueryRow(ctx, `SELECT last_error IS NOT NULL AND published_at IS NULL FROM event_outbox WHERE id = $1`, id).Scan(&parked); err != nil {
+			t.Fatal(err)
+		}
+		return parked
+	})
+}
