@@ -18,7 +18,7 @@ func newMetrics(reg prometheus.Registerer, slot string, failing func() float64) 
 		errors:         c("cdcrelay_janitor_errors_total", "Janitor connections or statements that failed (retried with backoff; streaming goes on)."),
 		parked:         c("cdcrelay_janitor_parked_total", "Poison events recorded on their rows (attempts+1, last_error)."),
 		parkUnrecorded: c("cdcrelay_janitor_park_unrecorded_total", "Poison events skipped without a record on their row: the role lacks UPDATE (attempts, last_error) or the table lacks those columns."),
-		gone:           c("cdcrelay_janitor_rows_gone_total", "Acked events whose rows no flush found for 10s: counted as deleted, so the slot may pass them."),
+		gone:           c("cdcrelay_janitor_rows_gone_total", "Acked events whose rows a flush could not find although their transactions were visible: counted as deleted, so the slot may pass them."),
 		waits:          c("cdcrelay_janitor_backpressure_waits_total", "Times an ack waited for room among the unwritten marks (the publisher pauses meanwhile)."),
 		connects:       c("cdcrelay_janitor_connects_total", "Janitor connection attempts (made only when there is work, with backoff after failures)."),
 	}
