@@ -248,16 +248,35 @@ func TestIntegrationRetention(t *testing.T) {
 	}
 }
 
-// setSynchronousStandby sets synchronous_standby_names: a name no standby
-// has makes every commit wait, as a stopped synchronous standby does.
-func setSynchronousStandby(t *testing.T, e *env, names string) {
+// holdCommits sets synchronous_standby_names to a name no standby has, so
+// every commit waits, as a stopped synchronous standby makes it: the rows
+// are in the WAL (the relay decodes them) but not visible to other
+// sessions. release (also run when the test ends) lets the commits return.
+func holdCommits(t *testing.T, e *env) (release func()) {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := e.db.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+names+`'`); err != nil {
-		t.Fatal(err)
+	set := func(names string) {
+		t.Helper()
+		ctx := context.Background()
+		if _, err := e.db.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+names+`'`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.db.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, err := e.db.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
-		t.Fatal(err)
+	set("stopped_standby")
+	release = func() { t.Helper(); set("") }
+	t.Cleanup(release)
+	return release
+}
+
+// requireNoRowVisible fails the test if another session sees any outbox
+// row: a test of rows seen late proves nothing once they are visible.
+func requireNoRowVisible(t *testing.T, e *env) {
+	t.Helper()
+	var visible int
+	if err := e.db.QueryRow(context.Background(), `SELECT count(*) FROM event_outbox`).Scan(&visible); err != nil || visible != 0 {
+		t.Fatalf("row visible (%d, %v) before its commit returned; the test would prove nothing", visible, err)
 	}
 }
 
@@ -275,9 +294,7 @@ func TestIntegrationSyncStandbyStalledRowsNeverGone(t *testing.T) {
 	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
 	r.waitStreaming(t)
 	ctx := context.Background()
-	setSync := func(v string) { t.Helper(); setSynchronousStandby(t, e, v) }
-	setSync("stopped_standby")
-	t.Cleanup(func() { setSync("") })
+	release := holdCommits(t, e)
 	const n = 20
 	inserted := make(chan error, n)
 	for range n {
@@ -292,7 +309,7 @@ func TestIntegrationSyncStandbyStalledRowsNeverGone(t *testing.T) {
 	if got := gauge(t, r.reg, "cdcrelay_janitor_rows_gone_total"); got != 0 {
 		t.Fatalf("%v rows counted gone while their commits waited for the standby", got)
 	}
-	setSync("")
+	release()
 	for range n {
 		if err := <-inserted; err != nil {
 			t.Fatal(err)
@@ -318,9 +335,7 @@ func TestIntegrationJanitorMarksRowsSeenLate(t *testing.T) {
 	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
 	r.waitStreaming(t)
 	ctx := context.Background()
-	setSync := func(v string) { t.Helper(); setSynchronousStandby(t, e, v) }
-	setSync("nobody") // commits now wait for a standby that never comes
-	t.Cleanup(func() { setSync("") })
+	release := holdCommits(t, e)
 	db := e.connect()
 	inserted := make(chan error, 1)
 	go func() {
@@ -328,12 +343,9 @@ func TestIntegrationJanitorMarksRowsSeenLate(t *testing.T) {
 		inserted <- err
 	}()
 	testenv.WaitCount(t, e.consumer, 1, 30*time.Second) // decoded and published while the commit still waits
-	var visible int
-	if err := e.db.QueryRow(ctx, `SELECT count(*) FROM event_outbox`).Scan(&visible); err != nil || visible != 0 {
-		t.Fatalf("row visible (%d, %v) before its commit returned; the test would prove nothing", visible, err)
-	}
+	requireNoRowVisible(t, e)
 	time.Sleep(time.Second) // several marking attempts that cannot see the row
-	setSync("")
+	release()
 	if err := <-inserted; err != nil {
 		t.Fatal(err)
 	}
@@ -354,9 +366,7 @@ func TestIntegrationJanitorParksRowsSeenLate(t *testing.T) {
 	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
 	r.waitStreaming(t)
 	ctx := context.Background()
-	setSync := func(v string) { t.Helper(); setSynchronousStandby(t, e, v) }
-	setSync("nobody") // commits now wait for a standby that never comes
-	t.Cleanup(func() { setSync("") })
+	release := holdCommits(t, e)
 	db := e.connect()
 	inserted := make(chan error, 1)
 	var id string
@@ -366,12 +376,9 @@ func TestIntegrationJanitorParksRowsSeenLate(t *testing.T) {
 	r.WaitFor(t, 30*time.Second, "the poison event decoded and parked while its commit still waits", func() bool {
 		return gauge(t, r.reg, "cdcrelay_poison_events_total") >= 1
 	})
-	var visible int
-	if err := e.db.QueryRow(ctx, `SELECT count(*) FROM event_outbox`).Scan(&visible); err != nil || visible != 0 {
-		t.Fatalf("row visible (%d, %v) before its commit returned; the test would prove nothing", visible, err)
-	}
+	requireNoRowVisible(t, e)
 	time.Sleep(time.Second) // several attempts to record the park that cannot see the row
-	setSync("")
+	release()
 	if err := <-inserted; err != nil {
 		t.Fatal(err)
 	}
