@@ -113,7 +113,9 @@ func TestHeaderValues(t *testing.T) {
 }
 
 // FuzzHeaderValues checks the header mapping on every JSON object: Message
-// never refuses one, the table is one amqp091-go and unsendableReason accept,
+// never refuses one, the table is one amqp091-go accepts and unsendableReason
+// accepts unless a key is longer than AMQP allows (then it reports the key,
+// so the event is poison; no mapping could send it),
 // and every value is the stored one, each number's exact text recoverable
 // from its AMQP value (numberText). The input is also tried as a number
 // and as a member value, since random bytes are rarely an object.
@@ -152,7 +154,13 @@ func checkHeaders(t *testing.T, headers []byte) {
 	if err := msg.Headers.Validate(); err != nil {
 		t.Fatalf("headers %q: amqp091-go refuses the table: %v", headers, err)
 	}
-	if _, bad := tableSize(msg.Headers); bad != nil {
+	_, bad := tableSize(msg.Headers)
+	switch long := longKey(ref, true); {
+	case long != "" && bad == nil:
+		t.Fatalf("headers %q: the %d-byte key %q encoded, above AMQP's %d", headers, len(long), clip(long), maxShortString)
+	case long != "" && !strings.Contains(unsendableReason("x", "k", &msg, 0), "header key"):
+		t.Fatalf("headers %q: the %d-byte key %q not reported unsendable (the event must be poison): %v", headers, len(long), clip(long), bad)
+	case long == "" && bad != nil:
 		t.Fatalf("headers %q: %s", headers, bad.reason("headers"))
 	}
 	for k, want := range ref {
@@ -170,6 +178,34 @@ func checkHeaders(t *testing.T, headers []byte) {
 			t.Fatalf("headers %q: %q = %#v, stored %#v", headers, k, got, want)
 		}
 	}
+}
+
+// longKey returns a key of the decoded headers v, at any depth, longer
+// than an AMQP short string allows, or "". Members the mapping leaves out
+// (null ones, and at the top the relay's own headers, which it replaces)
+// do not count: such an event must be poison, and only such an event.
+func longKey(v any, top bool) string {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if e == nil || (top && (k == HeaderCommitLSN || k == HeaderTxIndex)) {
+				continue
+			}
+			if len(k) > maxShortString {
+				return k
+			}
+			if long := longKey(e, false); long != "" {
+				return long
+			}
+		}
+	case []any:
+		for _, e := range x {
+			if long := longKey(e, false); long != "" {
+				return long
+			}
+		}
+	}
+	return ""
 }
 
 // sameJSON reports whether the AMQP value got carries exactly the decoded
