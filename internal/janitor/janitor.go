@@ -71,21 +71,18 @@ const (
 type entry struct {
 	id   string
 	xid  uint32 // its transaction; 0: unknown (a snapshot row), visible by then
-	done func() // called once the row is marked or found gone
+	done func() // called once the row is marked (or parked) or found gone
 	// visible: a flush could not find the row although its transaction was
 	// already visible to new snapshots, so the next flush that cannot find
 	// it either knows it was deleted (see settleMarked).
 	visible bool
 }
 
-// parked is a poison event to record on its row.
+// parked is a poison event to record on its row. Its entry waits for a
+// row not visible yet as a mark's does (parkUnseen).
 type parked struct {
-	id, reason string
-	xid        uint32 // its transaction; 0: unknown (a snapshot row), visible by then
-	done       func()
-	// visible: an UPDATE could not find the row although its transaction
-	// was already visible to new snapshots (see parkUnseen).
-	visible bool
+	entry
+	reason string
 }
 
 // Janitor is a stage: its Sessions queue work, Run writes it.
@@ -232,7 +229,7 @@ func (j *Janitor) mark(ctx context.Context, id string, xid uint32, done func()) 
 // found gone. It waits like mark while maxParked events are queued.
 func (j *Janitor) park(ctx context.Context, id string, xid uint32, reason string, done func()) error {
 	err := j.enqueue(ctx, func() bool { return len(j.parked) < maxParked }, func() {
-		j.parked = append(j.parked, parked{id: id, reason: reason, xid: xid, done: done})
+		j.parked = append(j.parked, parked{entry: entry{id: id, xid: xid, done: done}, reason: reason})
 	})
 	if err == nil {
 		j.Flush()

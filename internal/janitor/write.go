@@ -231,11 +231,12 @@ func readyIDs(es []entry) []string {
 // settleMarked returns as ready the entries whose rows are marked (the
 // UPDATE has committed: it ran outside any transaction) and those gone:
 // not found by a flush that ran after their transaction was seen visible
-// to new snapshots; flushMarks calls their done. A row whose transaction
-// is still running (running, asked after this flush: known false when
-// asking failed) is waited for however long that takes; one whose
-// transaction is visible now gets one more flush, whose snapshot is newer.
-// Those are returned as again, to try later.
+// to new snapshots; the caller (flushMarks, or parkUnseen for a parked
+// row) calls their done. A row whose transaction is still running
+// (running, asked after this flush: known false when asking failed) is
+// waited for however long that takes; one whose transaction is visible
+// now gets one more flush, whose snapshot is newer. Those are returned as
+// again, to try later.
 func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool, running map[uint32]bool, known bool) (ready, again []entry) {
 	gone := 0
 	for _, e := range batch {
@@ -252,7 +253,7 @@ func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool, running ma
 	}
 	if gone > 0 {
 		j.metrics.gone.Add(float64(gone))
-		j.log.Info("acked events' rows not found although their transactions are visible; counted as deleted", "events", gone)
+		j.log.Info("events' rows not found although their transactions are visible; counted as deleted", "events", gone)
 	}
 	return ready, again
 }
@@ -314,27 +315,26 @@ func (j *Janitor) recordParked(ctx context.Context, p parked) (*parked, error) {
 	return nil, nil
 }
 
-// parkUnseen handles a park whose UPDATE found no row, as settleMarked
-// does a mark's: a poison event is parked with no broker round trip, so
-// its UPDATE can run before the row's transaction is visible (a commit
-// waiting for a synchronous standby, or just not yet out of the procarray)
-// and must not settle then, or the slot would pass a row neither published
-// nor parked. It is tried again while that transaction runs, once more
-// when it is visible, and counted gone (deleted, or marked published by
-// someone else) when even that finds nothing.
+// parkUnseen handles a park whose UPDATE found no row with settleMarked,
+// as a mark's: a poison event is parked with no broker round trip, so its
+// UPDATE can run before the row's transaction is visible (a commit waiting
+// for a synchronous standby, or just not yet out of the procarray) and
+// must not settle then, or the slot would pass a row neither published nor
+// parked. It is tried again while that transaction runs, once more when it
+// is visible, and counted gone (deleted, or marked published by someone
+// else) when even that finds nothing.
 func (j *Janitor) parkUnseen(ctx context.Context, p parked) (*parked, error) {
-	if p.visible {
-		j.metrics.gone.Inc()
-		j.log.Info("a parked event's row not found although its transaction is visible; counted as deleted", "event", p.id)
-		p.done()
-		return nil, nil
-	}
-	running, err := j.stillRunning(ctx, []entry{{id: p.id, xid: p.xid}}, map[string]bool{p.id: true})
+	batch, unseen := []entry{p.entry}, map[string]bool{p.id: true}
+	running, err := j.stillRunning(ctx, batch, unseen)
 	if err != nil {
 		return nil, err
 	}
-	p.visible = p.xid == 0 || !running[p.xid]
-	return &p, nil
+	if _, again := j.settleMarked(batch, unseen, running, true); len(again) == 1 {
+		p.entry = again[0]
+		return &p, nil
+	}
+	p.done()
+	return nil, nil
 }
 
 // forgetStale drops the statements built with the id column's type when
