@@ -175,6 +175,24 @@ func TestIntegrationMarkStatementIDNotUnique(t *testing.T) {
 	}
 }
 
+// openInsert inserts a row of id in a transaction it leaves open (rolled
+// back when the test ends) and returns it with its 32-bit xid, as
+// logical decoding reports it.
+func openInsert(t *testing.T, db *pgx.Conn, id string) (pgx.Tx, uint32) {
+	t.Helper()
+	ctx := context.Background()
+	open, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = open.Rollback(ctx) })
+	var xid uint32
+	if err := open.QueryRow(ctx, `INSERT INTO event_outbox (id) VALUES ($1) RETURNING (pg_current_xact_id()::text::bigint % 4294967296)::bigint`, id).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	return open, xid
+}
+
 // TestIntegrationStillRunning: the question the janitor asks before it
 // counts an unseen row as gone, against a real server: a transaction that
 // is still open (as a commit waiting for a synchronous standby still is to
@@ -187,15 +205,7 @@ func TestIntegrationStillRunning(t *testing.T) {
 	if err := db.QueryRow(ctx, `INSERT INTO event_outbox (id) VALUES ('old') RETURNING (pg_current_xact_id()::text::bigint % 4294967296)::bigint`).Scan(&old); err != nil {
 		t.Fatal(err)
 	}
-	open, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = open.Rollback(ctx) }()
-	var xid uint32
-	if err := open.QueryRow(ctx, `INSERT INTO event_outbox (id) VALUES ('late') RETURNING (pg_current_xact_id()::text::bigint % 4294967296)::bigint`).Scan(&xid); err != nil {
-		t.Fatal(err)
-	}
+	open, xid := openInsert(t, db, "late")
 	batch := []entry{{id: "old", xid: old}, {id: "late", xid: xid}, {id: "snapshot-row"}}
 	unseen := map[string]bool{"old": true, "late": true, "snapshot-row": true}
 	running, err := j.stillRunning(ctx, batch, unseen)

@@ -13,15 +13,7 @@ import (
 func TestIntegrationParkUnseen(t *testing.T) {
 	ctx := context.Background()
 	j, db := markJanitor(t, `CREATE TABLE event_outbox (id text PRIMARY KEY, published_at timestamptz, attempts int NOT NULL DEFAULT 0, last_error text)`)
-	open, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = open.Rollback(ctx) }()
-	var xid uint32
-	if err := open.QueryRow(ctx, `INSERT INTO event_outbox (id) VALUES ('late') RETURNING (pg_current_xact_id()::text::bigint % 4294967296)::bigint`).Scan(&xid); err != nil {
-		t.Fatal(err)
-	}
+	open, xid := openInsert(t, db, "late")
 	settled := map[string]int{}
 	for _, p := range []struct {
 		id  string
