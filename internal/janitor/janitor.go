@@ -5,10 +5,11 @@
 // A mark is part of the slot's position (invariant 10, docs/architecture.md):
 // the publisher hands each confirm to a janitor Session (session.go), which
 // acks the streaming session's watermark only after the UPDATE that marked
-// the row has committed, the row was parked, or the row was found gone. So
-// the slot never passes a row that is not marked, and after any crash the
-// events whose marks were not written are streamed, published and marked
-// again.
+// the row has committed, durably whatever synchronous_commit says
+// (pgconnect.Options.Durable), the row was parked, or the row was found
+// gone. So the slot never passes a row that is not marked, and after any
+// crash the events whose marks were not written are streamed, published
+// and marked again.
 package janitor
 
 import (
@@ -352,14 +353,21 @@ func (j *Janitor) turn(ctx context.Context) {
 // admin_shutdown, a reset, an EOF) does not tell by itself: a fast
 // shutdown terminates it, but so do a pg_terminate_backend of this backend
 // alone, a proxy or the network. A new connection tells at once: 57P03
-// while the server shuts down, a second 57P01 right away too.
+// while the server shuts down, a second 57P01 right away too. A backend
+// terminated (57P01) during the new connection's set-up (its durable
+// synchronous_commit, its origin) is such a lost connection too.
 func (j *Janitor) writeOrLearn(ctx context.Context) (down bool, err error) {
-	if err = j.connect(ctx); err != nil {
+	if err = j.connect(ctx); err != nil && !terminated(err) {
 		return shuttingDown(err), err
 	}
-	err = j.write(ctx)
-	if err == nil || shuttingDown(err) || j.db != nil || ctx.Err() != nil {
-		return shuttingDown(err), err
+	if err == nil {
+		err = j.write(ctx)
+		if err == nil || shuttingDown(err) || j.db != nil || ctx.Err() != nil {
+			return shuttingDown(err), err
+		}
+	}
+	if ctx.Err() != nil {
+		return false, err
 	}
 	j.log.Info("janitor's connection was lost; connecting again at once", "error", err)
 	err = j.write(ctx)

@@ -32,14 +32,18 @@ func (j *Janitor) write(ctx context.Context) error {
 	return err
 }
 
-// connect opens the connection if there is none.
+// connect opens the connection if there is none. Its commits are durable
+// when they return (pgconnect.Options.Durable), also where the server,
+// database or role sets synchronous_commit=off: a mark or a park that
+// returned lets the slot pass its row (invariant 10,
+// docs/architecture.md), and a crash must not undo it afterwards.
 func (j *Janitor) connect(ctx context.Context) error {
 	if j.db != nil && !j.db.IsClosed() {
 		return nil
 	}
 	j.db = nil
 	j.metrics.connects.Inc()
-	db, err := pgconnect.Connect(ctx, j.opts.DatabaseURL, "to database for marks", pgconnect.Options{Setup: j.tag})
+	db, err := pgconnect.Connect(ctx, j.opts.DatabaseURL, "to database for marks", pgconnect.Options{Durable: true, Setup: j.tag})
 	if err != nil {
 		return err
 	}

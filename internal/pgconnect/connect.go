@@ -32,8 +32,14 @@ type Options struct {
 	// and no statement or lock timeout from the start (keepalives), and
 	// its session is set up to stay for days (hold).
 	LockHolder bool
+	// Durable marks a connection whose commits the slot relies on once
+	// they return (the janitor's marks and parks): they are flushed to the
+	// server's WAL first whatever synchronous_commit the server, database,
+	// role or URL says (durable, durable.go).
+	Durable bool
 	// Setup, when set, runs after connecting (and after the lock holder's
-	// set-up), within Timeout; the connection is closed if it fails.
+	// and Durable's set-up), within Timeout; the connection is closed if
+	// it fails.
 	Setup func(ctx context.Context, db *pgx.Conn) error
 	// Timeout, when positive, replaces the package's Timeout for this
 	// connection: it bounds each attempt whatever the URL's
@@ -87,10 +93,10 @@ func Connect(ctx context.Context, url, role string, o Options) (*pgx.Conn, error
 	return db, nil
 }
 
-// setUp runs the lock holder's set-up and o.Setup within Timeout (or
-// o.Timeout).
+// setUp runs the lock holder's set-up, Durable's and o.Setup within
+// Timeout (or o.Timeout).
 func setUp(ctx context.Context, db *pgx.Conn, o Options) error {
-	if !o.LockHolder && o.Setup == nil {
+	if !o.LockHolder && !o.Durable && o.Setup == nil {
 		return nil
 	}
 	limit := Timeout
@@ -104,6 +110,11 @@ func setUp(ctx context.Context, db *pgx.Conn, o Options) error {
 			return err
 		}
 	}
+	if o.Durable {
+		if err := durable(sctx, db); err != nil {
+			return err
+		}
+	}
 	if o.Setup != nil {
 		return o.Setup(sctx, db)
 	}
@@ -112,11 +123,11 @@ func setUp(ctx context.Context, db *pgx.Conn, o Options) error {
 
 // ConnectReplication opens a replication connection (replication=database)
 // to url for role, as Connect does. Of o, Params, Force and Timeout apply
-// as they do for Connect; Database, LockHolder and Setup set up a
+// as they do for Connect; Database, LockHolder, Durable and Setup set up a
 // *pgx.Conn session and are refused here rather than ignored.
 func ConnectReplication(ctx context.Context, url, role string, o Options) (*pgconn.PgConn, error) {
-	if o.Database != "" || o.LockHolder || o.Setup != nil {
-		return nil, fmt.Errorf("connect %s: a replication connection takes no Database, LockHolder or Setup", role)
+	if o.Database != "" || o.LockHolder || o.Durable || o.Setup != nil {
+		return nil, fmt.Errorf("connect %s: a replication connection takes no Database, LockHolder, Durable or Setup", role)
 	}
 	cfg, err := ReplicationConfig(url, o.Params)
 	if err != nil {
