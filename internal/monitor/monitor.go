@@ -28,8 +28,9 @@ type Options struct {
 	DatabaseURL string
 	// SlotDatabaseURL is the server holding the slot when it is not
 	// DatabaseURL's, e.g. a physical standby: the holder reads the slot's
-	// health there, on a connection of its own, and the backlog, the lock
-	// and the other relays on DatabaseURL. "" means DatabaseURL.
+	// health there, on a connection of its own, and the backlog and the
+	// lock on DatabaseURL; it looks for other relays' slots on both. ""
+	// means DatabaseURL.
 	SlotDatabaseURL string
 	// Outbox is the table whose backlog is read and the slot whose
 	// health is read (and whose name keys the monitor lock).
@@ -59,7 +60,10 @@ type Monitor struct {
 	floor floor // the bounded scan's, with plan
 
 	warned map[string]bool // missing columns already logged
-	others string          // the other relays' slots last logged, comma-separated
+	others string          // the other relays' slots last logged, comma-separated ("|" then those on the slot's server)
+	// relayApps are the application_names another relay's walsender may
+	// carry (relayNames), read once from the URLs.
+	relayApps []string
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -76,7 +80,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Monitor {
 		now = time.Now
 	}
 	m := &Monitor{
-		opts: opts, log: log, warned: map[string]bool{},
+		opts: opts, log: log, warned: map[string]bool{}, relayApps: relayNames(opts.DatabaseURL, opts.SlotDatabaseURL),
 		c: newCollector(opts.Slot, opts.Interval, now),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cdcrelay_monitor_errors_total", Help: "Monitor connections and statements (lock attempts, backlog and slot health queries) that failed.",

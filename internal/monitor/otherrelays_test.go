@@ -16,6 +16,15 @@ import (
 // the returned func closes it.
 func streamSlot(t *testing.T, dbURL, name, app string) func() {
 	t.Helper()
+	return stream(t, dbURL, name, app, true)
+}
+
+// stream streams pgoutput slot name, created first if create, on a
+// replication connection named app; the returned func closes it. A slot on
+// a standby is created beforehand (createSlotOnStandby): its creation
+// waits for the primary.
+func stream(t *testing.T, dbURL, name, app string, create bool) func() {
+	t.Helper()
 	ctx := context.Background()
 	cfg, err := pgconn.ParseConfig(dbURL)
 	if err != nil {
@@ -29,8 +38,10 @@ func streamSlot(t *testing.T, dbURL, name, app string) func() {
 	}
 	closeConn := func() { _ = conn.Close(context.Background()) }
 	t.Cleanup(closeConn)
-	if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput", pglogrepl.CreateReplicationSlotOptions{}); err != nil {
-		t.Fatal(err)
+	if create {
+		if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput", pglogrepl.CreateReplicationSlotOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	err = pglogrepl.StartReplication(ctx, conn, name, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names 'cdcrelay_outbox'"},
@@ -65,5 +76,24 @@ func TestIntegrationMonitorOtherRelay(t *testing.T) {
 	})
 	if n := strings.Count(r.logs.String(), "another relay streams this database"); n != 1 {
 		t.Fatalf("the other relay was logged %d times, want once:\n%s", n, r.logs.String())
+	}
+}
+
+// TestRelayNames: another relay's walsender may carry the default name or
+// the application_name of either URL; each counts once, and an empty one
+// never (it would take every unnamed walsender for a relay).
+func TestRelayNames(t *testing.T) {
+	for _, c := range []struct {
+		urls []string
+		want string
+	}{
+		{[]string{"postgres://u@p/app", ""}, "cdcrelay"},
+		{[]string{"postgres://u@p/app?application_name=orders", ""}, "cdcrelay,orders"},
+		{[]string{"postgres://u@p/app?application_name=orders", "postgres://u@s/app?application_name=orders_sb"}, "cdcrelay,orders,orders_sb"},
+		{[]string{"postgres://u@p/app?application_name=", "postgres://u@s/app?application_name=orders"}, "cdcrelay,orders"},
+	} {
+		if got := strings.Join(relayNames(c.urls...), ","); got != c.want {
+			t.Errorf("%q: %s, want %s", c.urls, got, c.want)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package monitor
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -196,7 +197,7 @@ func (m *Monitor) refresh(ctx context.Context) error {
 		return err
 	}
 	m.floor.scanned(oldestAt)
-	others, err := m.otherRelays(qctx)
+	others, onSlotServer, err := m.otherRelays(qctx)
 	if err != nil {
 		return err
 	}
@@ -210,7 +211,7 @@ func (m *Monitor) refresh(ctx context.Context) error {
 		r.safeWAL = float64(*safe)
 	}
 	m.c.succeeded(r)
-	m.reportOthers(others)
+	m.reportOthers(others, onSlotServer)
 	return nil
 }
 
@@ -236,45 +237,104 @@ func (m *Monitor) readGauges(ctx context.Context, sql string, args, backlog, hea
 
 // otherRelaysSQL lists the other logical slots of this database that
 // pgoutput streams to a connection named like a relay: the default
-// application_name, or the monitor's own (the relays of one values file
-// share their URL, and with it an application_name the URL sets).
+// application_name, or that of one of the relay's URLs ($2, relayNames),
+// or the connection's own (the relays of one values file share their
+// URLs, and with them an application_name the URL sets).
 // application_name is readable in pg_stat_activity by every role, so the
 // least-privilege role sees it. Which publication a walsender streams is
 // not in the catalogs, so a relay of another outbox in the same database
-// counts too; the log line and the runbook say so.
+// counts too; the log line and the runbook say so. It runs on the outbox's
+// server and, with the slot on a standby, on that standby too
+// (otherRelays).
 const otherRelaysSQL = `
 	SELECT s.slot_name::text
 	FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid
 	WHERE s.slot_type = 'logical' AND s.plugin = 'pgoutput' AND s.database = current_database()
-	  AND s.slot_name <> $1 AND a.application_name IN ($2, current_setting('application_name'))
+	  AND s.slot_name <> $1 AND (a.application_name = ANY($2::text[]) OR a.application_name = current_setting('application_name'))
 	ORDER BY 1`
 
+// relayNames are the application_names a relay's walsender may carry:
+// pgconnect's default and those the relay's URLs set. A relay whose slot
+// is on the primary streams under its CDCRELAY_DATABASE_URL's name, one
+// whose slot is on the standby under its CDCRELAY_REPLICATION_URL's, and
+// either may be the relay this monitor looks for on the other server.
+func relayNames(urls ...string) []string {
+	names := []string{pgconnect.ApplicationName}
+	for _, u := range urls {
+		if u == "" {
+			continue
+		}
+		if c, err := pgconnect.Config(u, nil); err == nil {
+			if app := c.RuntimeParams["application_name"]; app != "" && !slices.Contains(names, app) {
+				names = append(names, app)
+			}
+		}
+	}
+	return names
+}
+
 // otherRelays returns the names of the other relays' slots
-// (otherRelaysSQL).
-func (m *Monitor) otherRelays(ctx context.Context) ([]string, error) {
-	rows, err := m.db.Query(ctx, otherRelaysSQL, m.opts.Slot, pgconnect.ApplicationName)
+// (otherRelaysSQL) on the outbox's server and, when the slot is on another
+// server (SlotDatabaseURL, a standby), there too: a relay whose slot is on
+// the standby publishes every event as surely as one on the primary, and
+// is invisible from the primary (its walsender runs on the standby). Both
+// servers are asked whichever holds this relay's slot, since another relay
+// may have its slot on either. all is the sorted union of the names (a
+// name found on both counts once: both URLs may reach one server after a
+// promotion); onSlotServer those found on the slot's server.
+func (m *Monitor) otherRelays(ctx context.Context) (all, onSlotServer []string, err error) {
+	all, err = otherRelaysOn(ctx, m.db, m.opts.Slot, m.relayApps)
+	if err != nil || m.slotDB == nil {
+		return all, nil, err
+	}
+	onSlotServer, err = otherRelaysOn(ctx, m.slotDB, m.opts.Slot, m.relayApps)
+	if err != nil {
+		return nil, nil, fmt.Errorf("on the slot's server: %w", err)
+	}
+	for _, n := range onSlotServer {
+		if !slices.Contains(all, n) {
+			all = append(all, n)
+		}
+	}
+	slices.Sort(all)
+	return all, onSlotServer, nil
+}
+
+// otherRelaysOn runs otherRelaysSQL on db.
+func otherRelaysOn(ctx context.Context, db *pgx.Conn, slot string, names []string) ([]string, error) {
+	rows, err := db.Query(ctx, otherRelaysSQL, slot, names)
 	if err != nil {
 		return nil, fmt.Errorf("read the other relays' slots: %w", err)
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("read the other relays' slots: %w", err)
 	}
-	return names, nil
+	return found, nil
 }
 
 // reportOthers logs the other relays' slots when they change: a warning
 // naming them, once, not every interval, and a line when they are gone.
-func (m *Monitor) reportOthers(names []string) {
-	now := strings.Join(names, ",")
-	if now == m.others {
+// With the slot on a standby it says which of them are there
+// (on_replication_server): that is where their slots are dropped.
+func (m *Monitor) reportOthers(names, onSlotServer []string) {
+	now, there := strings.Join(names, ","), strings.Join(onSlotServer, ",")
+	key := now
+	if there != "" {
+		key += "|" + there
+	}
+	if key == m.others {
 		return
 	}
-	m.others = now
+	m.others = key
 	if now == "" {
 		m.log.Info("no other relay streams this database any more")
 		return
 	}
+	attrs := []any{"other_slots", now}
+	if there != "" {
+		attrs = append(attrs, "on_replication_server", there)
+	}
 	m.log.Warn("another relay streams this database: if it relays the same outbox, every event is published twice (docs/runbook.md#cdcrelayotherrelayondatabase)",
-		"other_slots", now, "slot", m.opts.Slot)
+		append(attrs, "slot", m.opts.Slot)...)
 }

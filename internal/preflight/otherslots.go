@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -17,22 +18,74 @@ const checkOtherSlots = "other_slots"
 // otherSlot is another logical slot of the outbox database.
 type otherSlot struct {
 	name, plugin string
+	// onStandby: the slot is on CDCRELAY_REPLICATION_URL's server, not
+	// on the primary; it is dropped there.
+	onStandby    bool
 	active       bool
 	app          string   // its walsender's application_name; "" when inactive
 	pubs         []string // the publications it streams, when the role may read its walsender's command
 	coversOutbox bool     // one of pubs publishes the outbox table
 }
 
+// otherSlotsSQL lists the other logical slots of this database with, for
+// an active one, its walsender's application_name and last command. On a
+// standby, a slot synced from the primary (PostgreSQL 17's copy of a
+// failover slot) is left out: it is the primary's slot, listed there, and
+// the copy cannot be streamed while the server is a standby. After a
+// promotion such a slot may keep synced = true and be streamed, so it is
+// listed on a server not in recovery. to_jsonb reads the column where it
+// exists (17+).
+const otherSlotsSQL = `
+	SELECT s.slot_name::text, coalesce(s.plugin::text, ''), s.active, coalesce(a.application_name, ''), coalesce(a.query, '')
+	FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+	WHERE s.slot_type = 'logical' AND s.database = current_database() AND s.slot_name <> $1
+	  AND NOT (pg_is_in_recovery() AND coalesce((to_jsonb(s)->>'synced')::bool, false))
+	ORDER BY 1`
+
 // otherSlots reads every other logical slot of this database and, for an
 // active one, its walsender's application_name (readable by every role)
 // and its last command (readable by the same role, a superuser or
-// pg_read_all_stats), whose publication_names say what it streams.
+// pg_read_all_stats), whose publication_names say what it streams. With
+// the slot on a standby (CDCRELAY_REPLICATION_URL) it reads that standby's
+// too: another relay whose slot is there publishes every event as surely
+// as one on the primary, and the primary does not see it (its walsender
+// runs on the standby). Both servers are read, since another relay may
+// have its slot on either, unless both URLs reach the same server (after a
+// promotion, until a new standby exists).
 func (s *session) otherSlots(ctx context.Context) ([]otherSlot, error) {
-	rows, err := s.db.Query(ctx, `
-		SELECT s.slot_name::text, coalesce(s.plugin::text, ''), s.active, coalesce(a.application_name, ''), coalesce(a.query, '')
-		FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
-		WHERE s.slot_type = 'logical' AND s.database = current_database() AND s.slot_name <> $1
-		ORDER BY 1`, s.t.slot)
+	out, err := readOtherSlots(ctx, s.db, s.t)
+	if err != nil || s.ss == s {
+		return out, err
+	}
+	if same, err := sameServer(ctx, s.db, s.ss.db); err != nil || same {
+		return out, err
+	}
+	there, err := readOtherSlots(ctx, s.ss.db, s.t)
+	if err != nil {
+		return nil, fmt.Errorf("on the replication server: %w", err)
+	}
+	for i := range there {
+		there[i].onStandby = true
+	}
+	return append(out, there...), nil
+}
+
+// sameServer reports whether a and b are sessions of one server: the same
+// postmaster start, to the microsecond.
+func sameServer(ctx context.Context, a, b *pgx.Conn) (bool, error) {
+	var started [2]string
+	for i, db := range []*pgx.Conn{a, b} {
+		if err := db.QueryRow(ctx, `SELECT pg_postmaster_start_time()::text`).Scan(&started[i]); err != nil {
+			return false, fmt.Errorf("read the server's start time: %w", err)
+		}
+	}
+	return started[0] == started[1], nil
+}
+
+// readOtherSlots reads the other logical slots on db's server
+// (otherSlotsSQL) and the publications the active ones stream.
+func readOtherSlots(ctx context.Context, db *pgx.Conn, t target) ([]otherSlot, error) {
+	rows, err := db.Query(ctx, otherSlotsSQL, t.slot)
 	if err != nil {
 		return nil, fmt.Errorf("read pg_replication_slots: %w", err)
 	}
@@ -55,13 +108,13 @@ func (s *session) otherSlots(ctx context.Context) ([]otherSlot, error) {
 		if len(out[i].pubs) == 0 {
 			continue
 		}
-		err := s.db.QueryRow(ctx, `
+		err := db.QueryRow(ctx, `
 			SELECT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = ANY($1) AND p.puballtables)
 			    OR EXISTS (SELECT 1 FROM pg_publication_tables pt
 			               JOIN pg_namespace n ON n.nspname = pt.schemaname
 			               JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
 			               WHERE pt.pubname = ANY($1) AND coalesce(pg_partition_root(c.oid), c.oid) = to_regclass($2))`,
-			out[i].pubs, pgx.Identifier{s.t.schema, s.t.table}.Sanitize()).Scan(&out[i].coversOutbox)
+			out[i].pubs, pgx.Identifier{t.schema, t.table}.Sanitize()).Scan(&out[i].coversOutbox)
 		if err != nil {
 			return nil, fmt.Errorf("read the publications of slot %s: %w", out[i].name, err)
 		}
@@ -109,26 +162,42 @@ func publicationNames(query string) []string {
 	return names
 }
 
-// relayApplicationName is the application_name the relay's own
-// connections carry: the URL's, or pgconnect's default.
-func relayApplicationName(cfg config.Config) string {
-	if pc, err := pgconnect.Config(cfg.DatabaseURL, nil); err == nil && pc.RuntimeParams["application_name"] != "" {
-		return pc.RuntimeParams["application_name"]
+// relayApplicationNames are the application_names the relay's own
+// connections carry: pgconnect's default and those its URLs set. A relay's
+// walsender on the primary carries CDCRELAY_DATABASE_URL's, on the standby
+// CDCRELAY_REPLICATION_URL's; another relay of the same values file
+// carries the same.
+func relayApplicationNames(cfg config.Config) []string {
+	names := []string{pgconnect.ApplicationName}
+	for _, u := range []string{cfg.DatabaseURL, cfg.ReplicationURL} {
+		if u == "" {
+			continue
+		}
+		if pc, err := pgconnect.Config(u, nil); err == nil {
+			if app := pc.RuntimeParams["application_name"]; app != "" && !slices.Contains(names, app) {
+				names = append(names, app)
+			}
+		}
 	}
-	return pgconnect.ApplicationName
+	return names
 }
 
-// classifyOtherSlots lists every other logical slot of the database and
-// warns about each that may be another relay: two relays with different
-// slot names on one outbox (two releases, a copied values file) publish
-// every event twice, and nothing else would say so. A pgoutput slot is
-// suspect when a connection named like a relay streams it, when it streams
-// a publication of the outbox table, or when it is inactive (a relay that
-// is down; it keeps WAL meanwhile). A subscriber of another table, or a
-// slot of another plugin, is listed as OK.
-func classifyOtherSlots(t target, relayApp string, slots []otherSlot) []Finding {
+// classifyOtherSlots lists every other logical slot of the database
+// (standby: whether the replication server was looked at too) and warns
+// about each that may be another relay: two relays with different slot
+// names on one outbox (two releases, a copied values file) publish every
+// event twice, and nothing else would say so. A pgoutput slot is suspect
+// when a connection named like a relay (relayApps) streams it, when it
+// streams a publication of the outbox table, or when it is inactive (a
+// relay that is down; it keeps WAL meanwhile). A subscriber of another
+// table, or a slot of another plugin, is listed as OK.
+func classifyOtherSlots(t target, relayApps []string, standby bool, slots []otherSlot) []Finding {
 	if len(slots) == 0 {
-		return []Finding{{Check: checkOtherSlots, Message: fmt.Sprintf("no other logical slot in database %s", t.database)}}
+		where := ""
+		if standby {
+			where = ", on the primary or on the replication server"
+		}
+		return []Finding{{Check: checkOtherSlots, Message: fmt.Sprintf("no other logical slot in database %s%s", t.database, where)}}
 	}
 	var fs []Finding
 	for _, o := range slots {
@@ -136,7 +205,11 @@ func classifyOtherSlots(t target, relayApp string, slots []otherSlot) []Finding 
 		if o.active {
 			state = fmt.Sprintf("active, streamed by application_name %q", o.app)
 		}
-		what := fmt.Sprintf("slot %s (plugin %s, %s", o.name, o.plugin, state)
+		at, there := "", ""
+		if o.onStandby {
+			at, there = " on the replication server", " on the replication server, CDCRELAY_REPLICATION_URL"
+		}
+		what := fmt.Sprintf("slot %s%s (plugin %s, %s", o.name, at, o.plugin, state)
 		if len(o.pubs) > 0 {
 			covers := "which does not publish " + t.qualified()
 			if o.coversOutbox {
@@ -146,7 +219,7 @@ func classifyOtherSlots(t target, relayApp string, slots []otherSlot) []Finding 
 		}
 		what += ")"
 		f := Finding{Check: checkOtherSlots, Message: what}
-		relayNamed := o.active && (o.app == relayApp || o.app == pgconnect.ApplicationName)
+		relayNamed := o.active && slices.Contains(relayApps, o.app)
 		switch {
 		case o.plugin != "pgoutput":
 			f.Message += ": not a relay (the relay uses pgoutput)"
@@ -155,11 +228,11 @@ func classifyOtherSlots(t target, relayApp string, slots []otherSlot) []Finding 
 		case relayNamed || o.coversOutbox:
 			f.Severity = Warn
 			f.Message += fmt.Sprintf(": another relay (or subscriber) streams this database; if it relays %s too, every event is published twice, once from each slot", t.qualified())
-			f.Remedy = fmt.Sprintf("if it is a second release or a copied values file for the same outbox, keep one relay: stop the other and drop its slot (SELECT pg_drop_replication_slot('%s');); a relay of another table of this database is fine", o.name)
+			f.Remedy = fmt.Sprintf("if it is a second release or a copied values file for the same outbox, keep one relay: stop the other and drop its slot (SELECT pg_drop_replication_slot('%s');%s); a relay of another table of this database is fine", o.name, there)
 		case !o.active:
 			f.Severity = Warn
 			f.Message += fmt.Sprintf(": nothing streams it now; if it belongs to a stopped relay of %s, starting that relay publishes every event again from its slot, and meanwhile the slot keeps WAL", t.qualified())
-			f.Remedy = fmt.Sprintf("if nothing will stream it again, drop it: SELECT pg_drop_replication_slot('%s');", o.name)
+			f.Remedy = fmt.Sprintf("if nothing will stream it again, drop it: SELECT pg_drop_replication_slot('%s');%s", o.name, there)
 		default:
 			f.Message += ": streamed by another application (a subscriber?)"
 		}
@@ -168,11 +241,12 @@ func classifyOtherSlots(t target, relayApp string, slots []otherSlot) []Finding 
 	return fs
 }
 
-// otherSlotsCheck judges the database's other logical slots.
+// otherSlotsCheck judges the database's other logical slots, on the
+// primary and, with the slot on a standby, on that standby.
 func otherSlotsCheck(ctx context.Context, s *session) []Finding {
 	others, err := s.otherSlots(ctx)
 	if err != nil {
 		return []Finding{failed(checkOtherSlots, "list the other replication slots of database "+s.t.database, err)}
 	}
-	return classifyOtherSlots(s.t, relayApplicationName(s.cfg), others)
+	return classifyOtherSlots(s.t, relayApplicationNames(s.cfg), s.ss != s, others)
 }
