@@ -2,8 +2,9 @@
 // turns the relay's at-least-once delivery into effects applied once.
 //
 // The relay publishes every outbox row at least once, with the row's id as
-// AMQP message_id and the (cdcrelay-commit-lsn, cdcrelay-tx-index) headers
-// (docs/messages.md). A consumer hands each amqp091 delivery to an Inbox
+// AMQP message_id and the (cdcrelay-timeline, cdcrelay-commit-lsn,
+// cdcrelay-tx-index) headers, its order key (docs/messages.md). A consumer
+// hands each amqp091 delivery to an Inbox
 // with a handler name and a handler:
 //
 //   - Handle runs a handler that receives a pgx.Tx. The claim of
@@ -26,11 +27,16 @@
 // Both tell the handler where the event stands among the events of its
 // routing key (Event.Order), by the rule docs/messages.md states for a
 // consumer on one queue: a message whose message_id has been seen is a
-// redelivery (the Inbox acks it and the handler never sees it); a smaller
-// (commit LSN, index) pair than one seen is not on its own a redelivery,
-// because after the broker refused a message the refused event's first
-// delivery comes after later ones. Such an event reaches the handler as
-// OrderLate.
+// redelivery (the Inbox acks it and the handler never sees it), whatever
+// its position; a smaller position than one seen is not on its own a
+// redelivery, because after the broker refused a message the refused
+// event's first delivery comes after later ones. Such an event reaches the
+// handler as OrderLate. Positions compare by timeline first (Position.Less):
+// a promoted standby reuses the LSNs of the old primary's last
+// transactions, so by commit LSN alone the new primary's events would be
+// late. A message without the timeline header (an older relay) compares by
+// commit LSN and index, as before; docs/consumers.md says where positions
+// still go back (another database system, split brain).
 //
 // What happens to a delivery: after the handler succeeded, and for a
 // duplicate, Ack. A delivery without message_id, and one whose handler

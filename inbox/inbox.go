@@ -80,7 +80,7 @@ type Event struct {
 	MessageID string
 	// Handler is the handler name the delivery was claimed for.
 	Handler string
-	// Position is the relay's (commit LSN, index) pair.
+	// Position is the relay's (timeline, commit LSN, index).
 	Position Position
 	// Order places the event among its routing key's events.
 	Order Order
@@ -226,6 +226,15 @@ func indexArg(p Position) any {
 	return p.TxIndex
 }
 
+// timelineArg is the position's timeline for the ledger, NULL when the
+// message carried none.
+func timelineArg(p Position) any {
+	if !p.Valid || p.Timeline == 0 {
+		return nil
+	}
+	return int64(p.Timeline)
+}
+
 // advanceOrder classifies the event against the greatest position claimed
 // for its handler and routing key and records its own if greater. The row
 // lock (FOR UPDATE, or the insert's) serialises the claims of one key, so
@@ -236,8 +245,9 @@ func advanceOrder(ctx context.Context, tx pgx.Tx, handler string, d *amqp.Delive
 	}
 	var seen Position
 	var lsnText string
-	err := tx.QueryRow(ctx, `SELECT commit_lsn::text, tx_index FROM cdcrelay_inbox_order
-		WHERE handler = $1 AND routing_key = $2 FOR UPDATE`, handler, d.RoutingKey).Scan(&lsnText, &seen.TxIndex)
+	var timeline *int64
+	err := tx.QueryRow(ctx, `SELECT timeline, commit_lsn::text, tx_index FROM cdcrelay_inbox_order
+		WHERE handler = $1 AND routing_key = $2 FOR UPDATE`, handler, d.RoutingKey).Scan(&timeline, &lsnText, &seen.TxIndex)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -246,6 +256,9 @@ func advanceOrder(ctx context.Context, tx pgx.Tx, handler string, d *amqp.Delive
 		if seen.CommitLSN, err = parseLSN(lsnText); err != nil {
 			return OrderUnknown, fmt.Errorf("inbox: the order of key %q for %s: %w", d.RoutingKey, handler, err)
 		}
+		if timeline != nil {
+			seen.Timeline = timelineOf(*timeline, true)
+		}
 		seen.Valid = true
 	}
 	order := classify(pos, seen)
@@ -253,13 +266,17 @@ func advanceOrder(ctx context.Context, tx pgx.Tx, handler string, d *amqp.Delive
 		return order, nil
 	}
 	// Two first events of a key racing: the second waits on the first's
-	// insert, then updates only if its position is greater.
-	if _, err := tx.Exec(ctx, `INSERT INTO cdcrelay_inbox_order AS o (handler, routing_key, commit_lsn, tx_index, message_id)
-		VALUES ($1, $2, $3::pg_lsn, $4, $5)
+	// insert, then updates only if its position is not below the first's,
+	// by Position.Less: timelines first when both have one.
+	if _, err := tx.Exec(ctx, `INSERT INTO cdcrelay_inbox_order AS o (handler, routing_key, commit_lsn, tx_index, message_id, timeline)
+		VALUES ($1, $2, $3::pg_lsn, $4, $5, $6)
 		ON CONFLICT (handler, routing_key) DO UPDATE
-		SET commit_lsn = EXCLUDED.commit_lsn, tx_index = EXCLUDED.tx_index, message_id = EXCLUDED.message_id, updated_at = now()
-		WHERE (o.commit_lsn, o.tx_index) <= (EXCLUDED.commit_lsn, EXCLUDED.tx_index)`,
-		handler, d.RoutingKey, pos.LSNText(), pos.TxIndex, d.MessageId); err != nil {
+		SET timeline = EXCLUDED.timeline, commit_lsn = EXCLUDED.commit_lsn, tx_index = EXCLUDED.tx_index,
+			message_id = EXCLUDED.message_id, updated_at = now()
+		WHERE CASE WHEN o.timeline IS NOT NULL AND EXCLUDED.timeline IS NOT NULL AND o.timeline <> EXCLUDED.timeline
+			THEN o.timeline < EXCLUDED.timeline
+			ELSE (o.commit_lsn, o.tx_index) <= (EXCLUDED.commit_lsn, EXCLUDED.tx_index) END`,
+		handler, d.RoutingKey, pos.LSNText(), pos.TxIndex, d.MessageId, timelineArg(pos)); err != nil {
 		return OrderUnknown, fmt.Errorf("inbox: record the order of key %q for %s: %w", d.RoutingKey, handler, err)
 	}
 	return order, nil

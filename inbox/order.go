@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -12,19 +13,35 @@ import (
 const (
 	HeaderCommitLSN = "cdcrelay-commit-lsn"
 	HeaderTxIndex   = "cdcrelay-tx-index"
+	// HeaderTimeline is absent on messages of relays older than the
+	// header, and when the relay did not know its server's timeline.
+	HeaderTimeline = "cdcrelay-timeline"
 )
 
-// Position is an event's place in the relay's total order: its
-// transaction's commit LSN, then its index among that transaction's outbox
-// rows. Valid is false for a message without the relay's headers.
+// Position is an event's place in the relay's total order: the server's
+// timeline when the relay published it, its transaction's commit LSN, then
+// its index among that transaction's outbox rows. Timeline is 0 when the
+// message carries none. Valid is false for a message without the relay's
+// commit LSN and index.
 type Position struct {
+	Timeline  uint32
 	CommitLSN uint64
 	TxIndex   int64
 	Valid     bool
 }
 
-// Less orders positions by commit LSN, then index.
+// Less orders positions by timeline, then commit LSN, then index. A
+// promoted standby starts a greater timeline and reuses LSNs the old
+// primary used for transactions it never received, so without the
+// timeline a new event would sort below events delivered before the
+// promotion. When either position has no timeline (a relay older than the
+// header) it compares commit LSN and index alone, as before the header
+// existed: an upgrade or a rollback of the relay on one timeline then
+// keeps the order, and only a promotion at the same time goes unseen.
 func (p Position) Less(q Position) bool {
+	if p.Timeline != 0 && q.Timeline != 0 && p.Timeline != q.Timeline {
+		return p.Timeline < q.Timeline
+	}
 	if p.CommitLSN != q.CommitLSN {
 		return p.CommitLSN < q.CommitLSN
 	}
@@ -53,7 +70,9 @@ const (
 	// Its message_id was not seen, so by the rule of docs/messages.md it
 	// is not a redelivery but a new event whose first delivery came after
 	// later ones (after the broker refused it), or, for an Attempt above
-	// 1, a retried event that later events overtook.
+	// 1, a retried event that later events overtook. An event of a later
+	// timeline (a promoted standby's) is never late against one of an
+	// earlier timeline, whatever their commit LSNs.
 	OrderLate
 )
 
@@ -76,8 +95,11 @@ func classify(pos, seen Position) Order {
 	}
 }
 
-// positionOf reads the relay's headers; a missing or malformed one gives an
-// invalid position, never an error: ordering is help, not a requirement.
+// positionOf reads the relay's headers; a missing or malformed commit LSN
+// or index gives an invalid position, never an error: ordering is help,
+// not a requirement. A missing or malformed timeline (not a positive
+// 32-bit integer) leaves the timeline unknown, which compares as a message
+// from a relay older than the header does.
 func positionOf(h amqp.Table) Position {
 	lsnText, ok := h[HeaderCommitLSN].(string)
 	if !ok {
@@ -87,31 +109,45 @@ func positionOf(h amqp.Table) Position {
 	if err != nil {
 		return Position{}
 	}
-	var index int64
-	switch v := h[HeaderTxIndex].(type) {
+	index, ok := intHeader(h[HeaderTxIndex])
+	if !ok || index < 0 {
+		return Position{}
+	}
+	return Position{Timeline: timelineOf(intHeader(h[HeaderTimeline])), CommitLSN: lsn, TxIndex: index, Valid: true}
+}
+
+// timelineOf is a timeline read from a header or the ledger: unknown (0)
+// unless it is a positive 32-bit integer, as PostgreSQL's timelines are.
+func timelineOf(n int64, ok bool) uint32 {
+	if !ok || n <= 0 || n > math.MaxUint32 {
+		return 0
+	}
+	return uint32(n)
+}
+
+// intHeader reads an integer header in any AMQP integer type a client
+// library may decode it to (the relay sends long-longs).
+func intHeader(v any) (int64, bool) {
+	switch v := v.(type) {
 	case int64:
-		index = v
+		return v, true
 	case int32:
-		index = int64(v)
+		return int64(v), true
 	case int16:
-		index = int64(v)
+		return int64(v), true
 	case int8:
-		index = int64(v)
+		return int64(v), true
 	case int:
-		index = int64(v)
+		return int64(v), true
 	case uint8:
-		index = int64(v)
+		return int64(v), true
 	case uint16:
-		index = int64(v)
+		return int64(v), true
 	case uint32:
-		index = int64(v)
+		return int64(v), true
 	default:
-		return Position{}
+		return 0, false
 	}
-	if index < 0 {
-		return Position{}
-	}
-	return Position{CommitLSN: lsn, TxIndex: index, Valid: true}
 }
 
 // parseLSN reads PostgreSQL's text form of an LSN: two hexadecimal 32-bit

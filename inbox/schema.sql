@@ -27,8 +27,8 @@ CREATE INDEX IF NOT EXISTS cdcrelay_inbox_done_idx ON cdcrelay_inbox (done_at) W
 -- Claims still open, for an operator looking for stuck or crashed handlers.
 CREATE INDEX IF NOT EXISTS cdcrelay_inbox_claimed_idx ON cdcrelay_inbox (lease_until) WHERE state = 'claimed';
 
--- The greatest (commit LSN, index) pair claimed per handler and routing
--- key, to tell a late first delivery from an event in order.
+-- The greatest (timeline, commit LSN, index) claimed per handler and
+-- routing key, to tell a late first delivery from an event in order.
 CREATE TABLE IF NOT EXISTS cdcrelay_inbox_order (
     handler     TEXT        NOT NULL,
     routing_key TEXT        NOT NULL,
@@ -38,6 +38,20 @@ CREATE TABLE IF NOT EXISTS cdcrelay_inbox_order (
     updated_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (handler, routing_key)
 );
+
+-- The pair's timeline (the cdcrelay-timeline header), NULL for a message
+-- without one (a relay older than the header): a promoted standby reuses
+-- LSNs, so the pair alone goes back across a failover. Added to ledgers
+-- created before it; the check keeps a ledger that has it from taking the
+-- table's exclusive lock, which would wait for every open claim.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'cdcrelay_inbox_order'::regclass
+                   AND attname = 'timeline' AND NOT attisdropped) THEN
+        ALTER TABLE cdcrelay_inbox_order ADD COLUMN timeline BIGINT;
+    END IF;
+END
+$$;
 
 -- Retention (Purge) deletes keys not seen for as long as done rows are kept.
 CREATE INDEX IF NOT EXISTS cdcrelay_inbox_order_updated_idx ON cdcrelay_inbox_order (updated_at);
