@@ -78,7 +78,7 @@ test-go:
 # waiting tests make test leaves out, such as a 60 s idle window
 # (internal/relay/main_test.go). A repocheck test holds every test of those
 # files to that list. .ci/run runs it too.
-RELAY_FAULT_TESTS = ^TestIntegration(BoundedQueueReview[A-Za-z]*|BrokerSizeLimitParked|StandbyZeroPolling|StopWhileBrokerBlocksAFullSocket|MarksFailingDegraded)$$
+RELAY_FAULT_TESTS = ^TestIntegration(BoundedQueueReview[A-Za-z]*|BrokerSizeLimit(Parked|Raised)|StandbyZeroPolling|StopWhileBrokerBlocksAFullSocket|MarksFailingDegraded)$$
 
 test-faults:
 	$(GO) test -race -tags 'faults failpoints' -count=1 -timeout 30m ./internal/faults/ ./internal/failpoint/
@@ -93,8 +93,8 @@ test-faults:
 # target fails if one did. PGMATRIX_VERSIONS="13 17" picks versions ("15" is
 # Debian's). .ci/run runs it after make test.
 PGMATRIX_VERSIONS ?= $(shell awk '$$1 ~ /^[0-9]+$$/ {print $$1}' .ci/postgres-versions)
-PGMATRIX_TESTS    = ^TestIntegration(ExactlyOnceInCommitOrder|SIGKILLMidStream|InsertedWhileDown|AdoptionWithoutGap|AdoptionInterrupted|PoisonParked|PoisonInBacklog|MarksSurviveSIGKILL|JanitorNeverMarksUnacked|PartitionedOutbox|QuotedOutbox|OutboxRenamedOrMovedMidStream|MarksAfterIDTypeChange|HeaderValuesExact|SlotLostRecreated|Retention|Standby(Replays|Promote|KilledPrimary|KillStandby))$$
-PGMATRIX_TESTS_16 = ^TestIntegration(StandbySlot[A-Za-z]*|StandbyCheck|MarkOrigin[A-Za-z]*|MonitorSlotOnStandby)$$
+PGMATRIX_TESTS    = ^TestIntegration(ExactlyOnceInCommitOrder|SIGKILLMidStream|InsertedWhileDown|AdoptionWithoutGap|AdoptionInterrupted|PoisonParked|PoisonInBacklog|MarksSurviveSIGKILL|MarksDurableUnderAsyncCommit|JanitorNeverMarksUnacked|PartitionedOutbox|QuotedOutbox|OutboxRenamedOrMovedMidStream|MarksAfterIDTypeChange|HeaderValuesExact|SlotLostRecreated|Retention|Standby(Replays|Promote|KilledPrimary|KillStandby))$$
+PGMATRIX_TESTS_16 = ^TestIntegration(StandbySlot[A-Za-z]*|StandbyCheck|MarkOrigin[A-Za-z]*|MonitorSlotOnStandby|MonitorOtherRelayOnStandby|SecondRelayOnStandby)$$
 PGMATRIX_TESTS_17 = ^TestIntegrationFailover[A-Za-z]*$$
 
 test-pg-matrix:

@@ -2,6 +2,7 @@ package janitor
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,15 +18,26 @@ import (
 // 10, docs/architecture.md).
 //
 // Concurrency: Ack, Parked and Resumed run on the publisher's confirm
-// loops; the janitor's Run goroutine settles the events (settle); Wait
-// may run anywhere. mu guards open and idle. A settle arriving after the
-// session ended moves only that session's own, discarded watermark.
+// loops, also after the session ended (the publisher hands over the
+// confirms it had received: publish's handOver); Ending runs on any
+// goroutine; the janitor's Run goroutine settles the events (settle);
+// Wait may run anywhere. mu guards open and idle. A settle arriving after
+// the session ended moves only that session's own, discarded watermark.
 type Session struct {
 	j *Janitor
-	// ctx is the session's: a wait for room among the unwritten marks
-	// (back-pressure on the confirm loop) ends with the session. Ack has
-	// no ctx parameter (publish.Acker).
-	ctx       context.Context //nolint:containedctx // see above
+	// ctx is the session's. Ack has no ctx parameter (publish.Acker).
+	ctx context.Context //nolint:containedctx // see above
+	// handCtx bounds a hand-off's wait for room among the unwritten marks
+	// (back-pressure on the confirm loop). It lives as long as the session
+	// does, and handOffGrace longer once the session ended with a failure
+	// (ctx ended, or the publisher said Ending): the acks the broker sent
+	// before the failure still reach the janitor, and a database that does
+	// not answer cannot hold the session for good (invariant 5,
+	// docs/architecture.md). A stop (ctx ended with context.Canceled) ends
+	// it at once: the stop's deadline is its caller's.
+	handCtx   context.Context //nolint:containedctx // see above
+	endHand   context.CancelFunc
+	ending    sync.Once
 	watermark *slot.Watermark
 	progress  []interface{ Inc() } // each counts every confirm (an adoption's progress)
 
@@ -40,18 +52,44 @@ type Session struct {
 func (j *Janitor) Session(ctx context.Context, watermark *slot.Watermark, progress ...interface{ Inc() }) *Session {
 	idle := make(chan struct{})
 	close(idle)
-	return &Session{j: j, ctx: ctx, watermark: watermark, progress: progress, idle: idle}
+	handCtx, endHand := context.WithCancel(context.WithoutCancel(ctx))
+	s := &Session{j: j, ctx: ctx, handCtx: handCtx, endHand: endHand, watermark: watermark, progress: progress, idle: idle}
+	context.AfterFunc(ctx, func() {
+		if errors.Is(context.Cause(ctx), context.Canceled) {
+			endHand()
+			return
+		}
+		s.Ending()
+	})
+	return s
+}
+
+// handOffGrace is how long, once its session ended with a failure, a
+// hand-off still waits for room among the unwritten marks. The relay waits
+// as long for the marks of a failed session before it records the resume
+// place (relay's windDown): a mark that finds no room by then could not be
+// written in time anyway, and its event is published again, a duplicate
+// and never a loss, since the watermark does not pass it (invariant 10,
+// docs/architecture.md).
+const handOffGrace = 2 * time.Second
+
+// Ending says that the publisher's run is over: what it hands on from now
+// on are the confirms it had received, and a hand-off waits for room at
+// most handOffGrace more. Safe to call more than once, from any
+// goroutine; the session's own end (ctx) calls it too.
+func (s *Session) Ending() {
+	s.ending.Do(func() { time.AfterFunc(handOffGrace, s.endHand) })
 }
 
 // Ack queues an acknowledged event's row to be marked published_at.
 func (s *Session) Ack(ev publish.Ref) {
-	s.hand(ev, func(done func()) error { return s.j.mark(s.ctx, ev.ID, ev.Xid, done) })
+	s.hand(ev, func(done func()) error { return s.j.mark(s.handCtx, ev.ID, ev.Xid, done) })
 }
 
 // Parked queues a poison event to be recorded on its row; it was never
 // published as is.
 func (s *Session) Parked(ev publish.Ref, reason string) {
-	s.hand(ev, func(done func()) error { return s.j.park(s.ctx, ev.ID, ev.Xid, reason, done) })
+	s.hand(ev, func(done func()) error { return s.j.park(s.handCtx, ev.ID, ev.Xid, reason, done) })
 }
 
 // Resumed moves the watermark past an event an earlier session had acked
@@ -68,8 +106,9 @@ func (s *Session) count() {
 }
 
 // hand gives ev to the janitor through give; the janitor calls done from
-// Run when the row is settled (once; a second call does nothing). A give refused because
-// the session ended leaves the slot before ev.
+// Run when the row is settled (once; a second call does nothing). A give
+// refused because no room came before handCtx ended leaves the slot
+// before ev (invariant 10): the next session publishes ev again.
 func (s *Session) hand(ev publish.Ref, give func(done func()) error) {
 	s.count()
 	s.opened(1)

@@ -79,18 +79,98 @@ func TestSessionWaitsForMarks(t *testing.T) {
 }
 
 // TestSessionRefusedMark: an ack that gives up waiting for room among the
-// unwritten marks (the session ends) leaves the watermark before the
-// event and nothing open.
+// unwritten marks (the session was stopped) leaves the watermark before
+// the event and nothing open.
 func TestSessionRefusedMark(t *testing.T) {
 	w, s0, _ := oneTxn()
-	j := New(Options{MarkBatch: 10, MarkInterval: time.Second, MaxPending: 1}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	mustMark(t, j, "other", nop) // the queue is full
+	j := fullJanitor(t)
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
 	s := j.Session(ended, w)
 	s.Ack(ref(s0, "a"))
 	if w.Position() != 100 || openEvents(s) != 0 {
 		t.Fatalf("position %s, %d open", w.Position(), openEvents(s))
+	}
+}
+
+// fullJanitor is a janitor whose queue of unwritten marks is full.
+func fullJanitor(t *testing.T) *Janitor {
+	t.Helper()
+	j := New(Options{MarkBatch: 10, MarkInterval: time.Second, MaxPending: 1}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	mustMark(t, j, "other", nop)
+	return j
+}
+
+// makeRoom does what a flush does once it has written the oldest mark.
+func makeRoom(j *Janitor) {
+	batch := j.take(1)
+	j.settle(len(batch), nil, nil)
+}
+
+func queued(j *Janitor, id string) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, e := range j.pending {
+		if e.id == id {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSessionHandOffAfterFailure: the publisher hands over the acks it had
+// received when its session failed, after the session's context ended. An
+// ack that finds the janitor's queue full still waits for room, and is
+// queued once there is some: not dropped because the context ended
+// (review h52; invariant 11, docs/architecture.md).
+func TestSessionHandOffAfterFailure(t *testing.T) {
+	w, s0, _ := oneTxn()
+	j := fullJanitor(t)
+	failed, fail := context.WithCancelCause(context.Background())
+	fail(errors.New("channel closed by the broker: 404"))
+	s := j.Session(failed, w)
+	handed := make(chan struct{})
+	go func() { defer close(handed); s.Ack(ref(s0, "a")) }()
+	select {
+	case <-handed:
+		t.Fatalf("the ack returned at once with the queue full (queued: %v): dropped", queued(j, "a"))
+	case <-time.After(200 * time.Millisecond):
+	}
+	makeRoom(j)
+	select {
+	case <-handed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ack still waits after room was made")
+	}
+	if !queued(j, "a") || openEvents(s) != 1 {
+		t.Fatalf("queued %v, %d open; want the ack queued and open", queued(j, "a"), openEvents(s))
+	}
+}
+
+// TestSessionHandOffBounded: once the publisher's run is over (Ending; the
+// session's context still lives: the publisher failed first), an ack
+// waits for room at most handOffGrace, then leaves the watermark before
+// the event: a database that does not answer never holds a failed session
+// (invariant 5, docs/architecture.md).
+func TestSessionHandOffBounded(t *testing.T) {
+	w, s0, _ := oneTxn()
+	j := fullJanitor(t)
+	s := j.Session(context.Background(), w)
+	s.Ending()
+	s.Ending() // a second call changes nothing
+	began := time.Now()
+	handed := make(chan struct{})
+	go func() { defer close(handed); s.Ack(ref(s0, "a")) }()
+	select {
+	case <-handed:
+	case <-time.After(handOffGrace + 10*time.Second):
+		t.Fatalf("the ack still waits for room %s after the run ended", time.Since(began).Round(time.Millisecond))
+	}
+	if took := time.Since(began); took < handOffGrace/2 {
+		t.Fatalf("the ack gave up after %s, before the grace (%s)", took, handOffGrace)
+	}
+	if w.Position() != 100 || openEvents(s) != 0 || queued(j, "a") {
+		t.Fatalf("position %s, %d open, queued %v", w.Position(), openEvents(s), queued(j, "a"))
 	}
 }
 

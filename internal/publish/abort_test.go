@@ -108,6 +108,7 @@ type discardAcks struct{}
 func (discardAcks) Ack(Ref)            {}
 func (discardAcks) Parked(Ref, string) {}
 func (discardAcks) Resumed(Ref)        {}
+func (discardAcks) Ending()            {}
 
 // startStuckPublisher runs a publisher on l with an endless supply of
 // 256 KiB events and returns once one of its publishes is blocked in the

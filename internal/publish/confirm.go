@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,57 +18,90 @@ import (
 // order, within a lane and across lanes; walking each FIFO in order hands
 // the Acker (the janitor's session, which acks the watermark once the row
 // is marked) every ack, and the watermark's contiguous-prefix rule does
-// the rest. A
-// basic.return is only noted when it arrives, and acted on at its
-// message's turn: the events before it are acked first, so the next
+// the rest. A basic.return is only noted when it arrives, and acted on at
+// its message's turn: the events before it are acked first, so the next
 // session does not publish them again.
+//
+// When the session ends under it (its context, or this lane's channel
+// closing) the loop does not just return: handOver first gives the Acker
+// the confirms already received, so that what the broker acknowledged
+// before a failure is marked and not published again (invariant 11,
+// docs/architecture.md).
 func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflight, slots *semaphore.Weighted, bytes Budget) error {
+	// An Acker that waits (the janitor's session, for room among its
+	// unwritten marks) must learn at once that the run is over, even while
+	// this loop is blocked in one of its calls: otherwise a failed session
+	// could wait for a database that does not answer (invariant 5).
+	defer context.AfterFunc(ctx, p.ending)()
 	for {
 		select {
 		case f, ok := <-fifo:
 			if !ok {
 				return nil
 			}
-			if err := p.await(ctx, l, f); err != nil {
+			if err := p.wait(ctx, l, f); err != nil {
+				if !interrupted(err) {
+					return err
+				}
+				return p.handOver(ctx, l, fifo, &f, slots, bytes, err)
+			}
+			if err := p.handle(ctx, l, f); err != nil {
 				return err
 			}
-			bytes.Release(f.weight)
-			slots.Release(1)
-			if f.alone != nil {
-				close(f.alone)
-			}
+			release(f, slots, bytes)
 		case r, ok := <-l.returns:
 			if err := p.noteReturn(l, r, ok); err != nil {
+				if !ok { // the lane closed: its confirms are resolved, or about to be
+					return p.handOver(ctx, l, fifo, nil, slots, bytes, err)
+				}
 				return err
 			}
 		case <-ctx.Done():
-			return ctx.Err()
+			return p.handOver(ctx, l, fifo, nil, slots, bytes, ctx.Err())
 		}
 	}
 }
 
+// release gives back what a handled message held: its bytes, its slot in
+// the window, and its lane if it was alone in flight.
+func release(f inflight, slots *semaphore.Weighted, bytes Budget) {
+	bytes.Release(f.weight)
+	slots.Release(1)
+	if f.alone != nil {
+		close(f.alone)
+	}
+}
+
+// await waits for f's confirm and handles it: a parked event's dead-letter
+// copy, awaited at its event's turn (parkLate).
 func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
-	switch {
-	case f.resumed:
-		p.Metrics.resumed.Inc()
-		p.acks.Resumed(f.ref())
-		p.Resume.unstall(f.at, p.Metrics)
+	if err := p.wait(ctx, l, f); err != nil {
+		return err
+	}
+	return p.handle(ctx, l, f)
+}
+
+// wait returns nil once f's confirmation is resolved (at once if f has
+// none), filing the returns that arrive meanwhile; else it leaves f
+// untouched and says why: the confirm timeout, a return it cannot place,
+// the lane's closure or ctx's end (the last two: interrupted).
+func (p *Publisher) wait(ctx context.Context, l *lane, f inflight) error {
+	if f.resumed || f.dc == nil {
 		return nil
-	case f.dc == nil: // parked without a dead-letter copy: already handed over
+	}
+	// A confirmation already resolved wins over a context that ended at
+	// the same time (select picks at random among ready cases).
+	select {
+	case <-f.dc.Done():
 		return nil
+	default:
 	}
 	timer := time.NewTimer(p.ConfirmTimeout)
 	defer timer.Stop()
 	for {
 		select {
 		case <-f.dc.Done():
-			// The broker sends basic.return before the ack of the same
-			// message, and amqp091-go hands the return to our buffered
-			// channel before it resolves the confirmation: so a return for
-			// this message, if any, is already waiting here.
-			p.drainReturns(l)
-			p.Metrics.inFlight.Dec()
-			return p.settle(ctx, l, f)
+			return nil
 		case r, ok := <-l.returns:
 			if err := p.noteReturn(l, r, ok); err != nil {
 				return err
@@ -86,6 +120,159 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 	}
 }
 
+// interrupted reports whether wait stopped because the session or the lane
+// ended rather than because of its message: the confirms already received
+// are then handed over (handOver).
+func interrupted(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrClosed)
+}
+
+// handle hands the Acker the fate of f, whose confirmation (if it has one)
+// is resolved.
+func (p *Publisher) handle(ctx context.Context, l *lane, f inflight) error {
+	switch {
+	case f.resumed:
+		p.Metrics.resumed.Inc()
+		p.acks.Resumed(f.ref())
+		p.Resume.unstall(f.at, p.Metrics)
+		return nil
+	case f.dc == nil: // parked without a dead-letter copy: already handed over
+		return nil
+	}
+	// The broker sends basic.return before the ack of the same message, and
+	// amqp091-go hands the return to our buffered channel before it
+	// resolves the confirmation: so a return for this message, if any, is
+	// already waiting here.
+	p.drainReturns(l)
+	p.Metrics.inFlight.Dec()
+	return p.settle(ctx, l, f)
+}
+
+// handOverWait bounds handOver's wait, after a failure, for confirmations
+// still unresolved and for the FIFO to close: a lane still open (the
+// failure was elsewhere) may yet be confirmed, and stuckGrace after the
+// failure abortIfStuck closes the socket, which resolves the rest.
+const handOverWait = time.Second
+
+// handOver runs when a lane stops with messages still in its FIFO (f, if
+// not nil, is the one it was waiting for): the session's context ended
+// (another lane or the connection closed, the reader failed, a stop) or
+// the lane's own channel closed. It hands the Acker, in publish order,
+// every message whose confirmation is resolved as an ack, with the resumed
+// and parked events among them, and stops at the first that is not: so the
+// acks received before a failure are marked and become the next session's
+// resume place instead of being published again (invariant 11,
+// docs/architecture.md), and nothing after the first message the broker
+// did not acknowledge is handed on (invariant 1).
+//
+// It relies on amqp091-go (v1.16.0): one reader goroutine per connection
+// dispatches the frames in the order the broker sent them, and a basic.ack
+// resolves its DeferredConfirmation (confirms.One, Multiple) before the
+// next frame is read. A channel.close, or the connection's end, first
+// marks the channel closed and reaches NotifyClose (how the session learns
+// of it: watch, closeReason), then the same goroutine closes the returns
+// channel and resolves every confirmation still outstanding as not acked
+// (closeResources, confirms.Close). So by the time a close ends the
+// session, every ack the broker sent before it is resolved, and the rest
+// resolve at once as nacks. The broker does not send, once it closes a
+// channel, the confirms it still owed for messages it took (RabbitMQ
+// 3.10): drainFor keeps those out of the way of a missing exchange.
+//
+// It never publishes (it stops at a returned message, whose dead-letter
+// copy the next session sends) and it is bounded (invariant 5,
+// docs/architecture.md): after a failure it waits at most handOverWait;
+// after a stop (context.Canceled: the caller's deadline) it takes only
+// what is resolved already.
+func (p *Publisher) handOver(ctx context.Context, l *lane, fifo <-chan inflight, f *inflight, slots *semaphore.Weighted, bytes Budget, cause error) error {
+	p.ending()
+	wait := handOverWait
+	if errors.Is(context.Cause(ctx), context.Canceled) {
+		wait = 0
+	}
+	by, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
+	defer cancel()
+	for {
+		var next inflight
+		if f != nil {
+			next, f = *f, nil
+		} else {
+			var ok bool
+			if next, ok = receive(fifo, by.Done()); !ok {
+				return cause // every message handed over, or the time is up
+			}
+		}
+		if !p.resolved(l, next, by.Done()) {
+			return cause
+		}
+		// A returned message is left to the next session: parking it may
+		// mean publishing its dead-letter copy (parkLate).
+		if p.drainReturns(l); next.dc != nil {
+			if _, returned := p.takeReturn(l, next); returned {
+				return cause
+			}
+		}
+		if err := p.handle(ctx, l, next); err != nil {
+			return err // not acked: nothing after it is handed on
+		}
+		release(next, slots, bytes)
+	}
+}
+
+// receive takes fifo's next message: at once if one is there, else by
+// deadline. ok is false once fifo is closed or the deadline has passed.
+func receive(fifo <-chan inflight, deadline <-chan struct{}) (f inflight, ok bool) {
+	select {
+	case f, ok = <-fifo:
+		return f, ok
+	default:
+	}
+	select {
+	case f, ok = <-fifo:
+		return f, ok
+	case <-deadline:
+		return inflight{}, false
+	}
+}
+
+// resolved reports whether f's confirmation is resolved (or f needs none),
+// waiting by deadline and filing the returns that arrive meanwhile, as wait
+// does. A return it cannot place stops the hand-over: it might be one of
+// the messages about to be handed on.
+func (p *Publisher) resolved(l *lane, f inflight, deadline <-chan struct{}) bool {
+	if f.resumed || f.dc == nil {
+		return true
+	}
+	select {
+	case <-f.dc.Done():
+		return true
+	default:
+	}
+	returns := l.returns
+	for {
+		select {
+		case <-f.dc.Done():
+			return true
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil // the lane closed: its confirmations resolve at once
+				continue
+			}
+			if err := p.noteReturn(l, r, true); err != nil {
+				p.Log.Warn("a returned message the relay cannot place ends the hand-over of confirms", "error", err)
+				return false
+			}
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+// ending tells the Acker that the run is over (Acker.Ending).
+func (p *Publisher) ending() { p.acks.Ending() }
+
+// maxSeen bounds exchangesSeen; forgetting costs one drain per exchange.
+const maxSeen = 4096
+
 // settle handles a message whose confirmation resolved.
 func (p *Publisher) settle(ctx context.Context, l *lane, f inflight) error {
 	ret, returned := p.takeReturn(l, f)
@@ -98,6 +285,9 @@ func (p *Publisher) settle(ctx context.Context, l *lane, f inflight) error {
 		}
 		p.Metrics.nacks.Inc()
 		return fmt.Errorf("%w: event %s (a queue refused it: overflow reject-publish or an internal error)", ErrNacked, f.id)
+	}
+	if f.rowExchange { // acked, returned or not: the exchange exists (drainFor)
+		p.seen.add(f.exchange)
 	}
 	if returned {
 		return p.unroutable(ctx, l, f, ret)

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -16,9 +19,10 @@ import (
 
 // Unit tests of the confirm pipeline over the fake broker
 // (fakebroker_test.go) for what the model test (model_test.go) does not
-// check: the byte budget's bound, and the confirm timeout, which the
-// model's clockless broker never lets fire, paused while the broker
-// blocks publishers.
+// check: the byte budget's bound; the confirm timeout, which the model's
+// clockless broker never lets fire, paused while the broker blocks
+// publishers; the hand-over of the acks received before a channel closed;
+// the first message to a row's exchange going alone.
 
 // recordingAcker counts the acks and parks the publisher reports.
 type recordingAcker struct {
@@ -27,6 +31,7 @@ type recordingAcker struct {
 }
 
 func (a *recordingAcker) Resumed(Ref) {}
+func (a *recordingAcker) Ending()     {}
 
 func (a *recordingAcker) Ack(ev Ref) {
 	id := ev.ID
@@ -42,6 +47,12 @@ func (a *recordingAcker) Parked(ev Ref, _ string) {
 }
 
 func (a *recordingAcker) count() int { a.mu.Lock(); defer a.mu.Unlock(); return len(a.acked) }
+
+func (a *recordingAcker) list() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.acked...)
+}
 
 // confirmRig runs one publisher over a fake broker that confirms only
 // when the test says.
@@ -62,14 +73,22 @@ type confirmRig struct {
 
 func startConfirmRig(t *testing.T, cfg PublisherConfig) *confirmRig {
 	t.Helper()
+	acks := &recordingAcker{}
+	return startConfirmRigWith(t, cfg, acks, acks)
+}
+
+// startConfirmRigWith is startConfirmRig with the publisher's Acker, which
+// reports to rec.
+func startConfirmRigWith(t *testing.T, cfg PublisherConfig, acker Acker, rec *recordingAcker) *confirmRig {
+	t.Helper()
 	b := newFakeBroker(1, 1)
 	_, link := b.connect(cfg.MaxInFlight)
-	r := &confirmRig{t: t, b: b, in: make(chan wal.Event, 64), acks: &recordingAcker{}, done: make(chan error, 1),
+	r := &confirmRig{t: t, b: b, in: make(chan wal.Event, 64), acks: rec, done: make(chan error, 1),
 		budget: semaphore.NewWeighted(cfg.MaxInFlightBytes), maxBytes: cfg.MaxInFlightBytes}
 	cfg.Exchange = b.exchange
 	cfg.MaxMessageBytes = 1 << 20
 	cfg.Log = slog.New(slog.DiscardHandler)
-	r.p = NewPublisher(link, r.in, r.acks, r.budget, cfg)
+	r.p = NewPublisher(link, r.in, acker, r.budget, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.ctx = ctx
 	go func() { r.done <- r.p.Run(ctx) }()
@@ -210,5 +229,122 @@ func TestPublisherConfirmTimeoutPausedWhileBlocked(t *testing.T) {
 	}
 	if n := r.acks.count(); n != 1 {
 		t.Fatalf("%d acks, want 1", n)
+	}
+}
+
+// gateAcker holds its first Ack until Ending is called (or a second
+// passes), as the janitor's session holds an ack while its queue of
+// unwritten marks is full.
+type gateAcker struct {
+	*recordingAcker
+	entered  chan struct{} // closed once the first Ack waits
+	gate     chan struct{} // closed by Ending
+	once     sync.Once
+	first    atomic.Bool
+	byEnding atomic.Bool // the first Ack was let go by Ending, not the timer
+}
+
+func newGateAcker() *gateAcker {
+	return &gateAcker{recordingAcker: &recordingAcker{}, entered: make(chan struct{}), gate: make(chan struct{})}
+}
+
+func (a *gateAcker) Ack(ev Ref) {
+	if a.first.CompareAndSwap(false, true) {
+		close(a.entered)
+		select {
+		case <-a.gate:
+			a.byEnding.Store(true)
+		case <-time.After(time.Second):
+		}
+	}
+	a.recordingAcker.Ack(ev)
+}
+
+func (a *gateAcker) Ending() { a.once.Do(func() { close(a.gate) }) }
+
+// TestConfirmLoopHandsOverAcksBeforeClose (review h52): the broker acks
+// e1..e5 while the confirm loop is still busy handing over e0 (its Acker
+// waits), then closes the channel with a 404. The acks it sent before the
+// close are handed over, in publish order, before Run returns, and
+// nothing after the first message it did not ack (invariants 1 and 11,
+// docs/architecture.md); and an Acker that waits learns at once that the
+// run is over (Ending), so a failed session cannot wait for it for good
+// (invariant 5). On the old relay the loop picked at random between the
+// resolved confirms and the ended context, and dropped the rest.
+func TestConfirmLoopHandsOverAcksBeforeClose(t *testing.T) {
+	for i := range 5 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			acks := newGateAcker()
+			r := startConfirmRigWith(t, PublisherConfig{MaxInFlight: 16, MaxInFlightBytes: 1 << 20, ConfirmTimeout: time.Hour}, acks, acks.recordingAcker)
+			for i := range 10 {
+				r.send(confirmEvent(i))
+			}
+			r.waitFor("10 events published", func() bool { return r.published() == 10 })
+			r.b.confirmBurst(1)
+			<-acks.entered
+			r.b.confirmBurst(5)
+			r.b.mu.Lock()
+			r.b.conn.chans[0].shutdown(&amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no exchange 'gone'", Server: true})
+			r.b.mu.Unlock()
+			var err error
+			select {
+			case err = <-r.done:
+				r.done <- err // for the cleanup
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run still running 10s after the channel closed")
+			}
+			if !errors.Is(err, ErrClosed) {
+				t.Fatalf("Run: %v, want ErrClosed", err)
+			}
+			want := []string{"e0", "e1", "e2", "e3", "e4", "e5"}
+			if got := acks.list(); !slices.Equal(got, want) {
+				t.Fatalf("acks handed over %v, want %v: the broker acked them before the close", got, want)
+			}
+			if !acks.byEnding.Load() {
+				t.Fatal("the Acker waiting in Ack was not told that the run was over (Ending)")
+			}
+		})
+	}
+}
+
+// TestFirstMessageToRowExchangeGoesAlone: the first message to a row's
+// exchange (CDCRELAY_EXCHANGE_COLUMN) waits until its lane has nothing
+// else in flight and goes alone; once a confirm shows the exchange exists
+// the next ones go within the window. So a missing exchange, which makes
+// the broker close the channel without the confirms it still owed, never
+// has messages it took in flight beside it (review h52; invariant 11,
+// docs/architecture.md). The fake broker knows one exchange besides the
+// relay's, its dead-letter one: here it stands for the row's exchange.
+func TestFirstMessageToRowExchangeGoesAlone(t *testing.T) {
+	r := startConfirmRig(t, PublisherConfig{MaxInFlight: 16, MaxInFlightBytes: 1 << 20, ConfirmTimeout: time.Hour})
+	r.b.mu.Lock()
+	r.b.dlx = "row.x"
+	r.b.mu.Unlock()
+	toRow := func(i int) wal.Event { ev := confirmEvent(i); ev.Exchange = "row.x"; return ev }
+	for i := range 5 {
+		r.send(confirmEvent(i))
+	}
+	r.waitFor("5 events published", func() bool { return r.published() == 5 })
+	r.send(toRow(5))
+	r.send(confirmEvent(6))
+	stays := func(n int, why string) {
+		t.Helper()
+		time.Sleep(100 * time.Millisecond)
+		if got := r.published(); got != n {
+			t.Fatalf("%d published, want %d: %s", got, n, why)
+		}
+	}
+	stays(5, "the first message to the row's exchange went out with 5 unconfirmed before it")
+	r.b.confirmBurst(5)
+	r.waitFor("the row's message published once the lane drained", func() bool { return r.published() == 6 })
+	stays(6, "a message went out beside the first one to the row's exchange")
+	r.b.confirmBurst(1)
+	r.waitFor("the next message published after the confirm", func() bool { return r.published() == 7 })
+	r.send(toRow(7)) // the exchange is known now: no wait for e6
+	r.waitFor("a second message to the row's exchange published within the window", func() bool { return r.published() == 8 })
+	r.b.confirmBurst(2)
+	r.waitFor("every confirm handled", func() bool { return r.acks.count() == 8 })
+	if got, want := r.acks.list(), []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7"}; !slices.Equal(got, want) {
+		t.Fatalf("acks %v, want %v", got, want)
 	}
 }

@@ -125,6 +125,7 @@ func FuzzHeaderValues(f *testing.F) {
 	}
 	f.Add([]byte(`{"a":[1,null,{"b":2.5}],"c":"d","e":true,"f":null}`))
 	f.Add([]byte(`{"a":1,"a":"dup"}`))
+	f.Add([]byte(`{"cdcrelay-timeline":1,"cdcrelay-commit-lsn":"0/0","cdcrelay-tx-index":{"` + strings.Repeat("k", 300) + `":1}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkHeaders(t, data)
 		v := string(data)
@@ -132,10 +133,14 @@ func FuzzHeaderValues(f *testing.F) {
 	})
 }
 
-// checkHeaders runs Message on headers and, when they are a JSON object,
+// fuzzTimeline is the session timeline the fuzzer publishes on, as the
+// relay does (MessageOn): the relay's own headers are in every table.
+const fuzzTimeline = 7
+
+// checkHeaders runs MessageOn on headers and, when they are a JSON object,
 // compares the table with an independent decode that keeps numbers as text.
 func checkHeaders(t *testing.T, headers []byte) {
-	msg, err := Message(&wal.Event{ID: "id1", Payload: []byte(`{}`), Headers: headers})
+	msg, err := MessageOn(&wal.Event{ID: "id1", Payload: []byte(`{}`), Headers: headers}, fuzzTimeline)
 	dec := json.NewDecoder(bytes.NewReader(headers))
 	dec.UseNumber()
 	var ref map[string]any
@@ -163,8 +168,11 @@ func checkHeaders(t *testing.T, headers []byte) {
 	case long == "" && bad != nil:
 		t.Fatalf("headers %q: %s", headers, bad.reason("headers"))
 	}
+	if msg.Headers[HeaderTimeline] != int64(fuzzTimeline) || msg.Headers[HeaderTxIndex] != int64(0) {
+		t.Fatalf("headers %q: the relay's ordering headers %#v, %#v; want its own", headers, msg.Headers[HeaderTimeline], msg.Headers[HeaderTxIndex])
+	}
 	for k, want := range ref {
-		if k == HeaderCommitLSN || k == HeaderTxIndex {
+		if relayHeader(k) {
 			continue // the relay's own
 		}
 		got, present := msg.Headers[k]
@@ -188,7 +196,7 @@ func longKey(v any, top bool) string {
 	switch x := v.(type) {
 	case map[string]any:
 		for k, e := range x {
-			if e == nil || (top && (k == HeaderCommitLSN || k == HeaderTxIndex)) {
+			if e == nil || (top && relayHeader(k)) {
 				continue
 			}
 			if len(k) > maxShortString {
@@ -206,6 +214,12 @@ func longKey(v any, top bool) string {
 		}
 	}
 	return ""
+}
+
+// relayHeader reports whether k is an ordering header the relay sets
+// itself, replacing whatever the row's headers column holds under k.
+func relayHeader(k string) bool {
+	return k == HeaderCommitLSN || k == HeaderTxIndex || k == HeaderTimeline
 }
 
 // sameJSON reports whether the AMQP value got carries exactly the decoded

@@ -27,12 +27,28 @@ const (
 	HeaderCommitLSN = "cdcrelay-commit-lsn" // commit LSN of the event's transaction, e.g. "0/1A2B3C"
 	HeaderTxIndex   = "cdcrelay-tx-index"   // position of the event among its transaction's outbox rows
 	HeaderTrace     = "traceparent"         // W3C trace context, when the row carries one
+	// HeaderTimeline is the server's timeline at the session that
+	// published the message (IDENTIFY_SYSTEM): a promoted standby reuses
+	// LSNs the old primary used for transactions it never received, so
+	// the commit LSN and index alone repeat and go back across a
+	// failover; (timeline, commit LSN, index) does not (docs/messages.md).
+	HeaderTimeline = "cdcrelay-timeline"
 )
 
-// Message builds the AMQP message for an event: persistent, message_id =
-// outbox id, the commit LSN and index as headers, the row's headers column
-// copied in, and the trace context when the row or envelope carries one.
+// Message is MessageOn for a session whose timeline is not known: the
+// message carries no cdcrelay-timeline header.
 func Message(ev *wal.Event) (amqp.Publishing, error) {
+	return MessageOn(ev, 0)
+}
+
+// MessageOn builds the AMQP message for an event published by a session
+// on timeline (0: unknown): persistent, message_id = outbox id, the
+// timeline, commit LSN and index as headers, the row's headers column
+// copied in, and the trace context when the row or envelope carries one.
+// The stream and the snapshot backfill of one session pass the same
+// timeline, so a row gives the same message on both (invariant 12,
+// docs/architecture.md).
+func MessageOn(ev *wal.Event, timeline uint32) (amqp.Publishing, error) {
 	headers := amqp.Table{}
 	if len(ev.Headers) > 0 {
 		raw, err := decodeHeaders(ev.Headers)
@@ -61,6 +77,14 @@ func Message(ev *wal.Event) (amqp.Publishing, error) {
 	}
 	headers[HeaderCommitLSN] = lsnText(ev.CommitLSN)
 	headers[HeaderTxIndex] = int64(ev.Index)
+	// The relay's ordering headers are its own, as the commit LSN and the
+	// index are: a row's headers column never supplies a timeline, which a
+	// consumer would compare as if the relay had sent it.
+	if timeline > 0 {
+		headers[HeaderTimeline] = int64(timeline)
+	} else {
+		delete(headers, HeaderTimeline)
+	}
 	return amqp.Publishing{
 		Headers:      headers,
 		ContentType:  "application/json",

@@ -82,7 +82,7 @@ func TestMessage(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.ev.CommitLSN, tt.ev.CommitTime, tt.ev.Index = 0x16B3748, commit, 4
-			msg, err := Message(&tt.ev)
+			msg, err := MessageOn(&tt.ev, 2)
 			if tt.wantErr {
 				if err == nil {
 					t.Fatal("no error")
@@ -96,7 +96,7 @@ func TestMessage(t *testing.T) {
 				!msg.Timestamp.Equal(commit) || string(msg.Body) != string(tt.ev.Payload) || msg.Type != tt.wantType {
 				t.Fatalf("message %+v", msg)
 			}
-			if msg.Headers[HeaderCommitLSN] != "0/16B3748" || msg.Headers[HeaderTxIndex] != int64(4) {
+			if msg.Headers[HeaderTimeline] != int64(2) || msg.Headers[HeaderCommitLSN] != "0/16B3748" || msg.Headers[HeaderTxIndex] != int64(4) {
 				t.Fatalf("position headers %v", msg.Headers)
 			}
 			if msg.Headers[HeaderTrace] != tt.wantTrace {
@@ -115,6 +115,62 @@ func TestMessage(t *testing.T) {
 				t.Fatalf("headers rejected by amqp: %v", err)
 			}
 		})
+	}
+}
+
+// TestMessageTimeline: a message carries its session's timeline as an
+// AMQP long-long, the same on the stream and the backfill; without a known
+// timeline it carries none, and a row's headers column never supplies one.
+func TestMessageTimeline(t *testing.T) {
+	row := func(backfill bool, headers string) *wal.Event {
+		ev := &wal.Event{ID: "id1", RoutingKey: "k", Payload: []byte(`{}`), CommitLSN: 0x1B4890F, Index: 52, Backfill: backfill}
+		if headers != "" {
+			ev.Headers = []byte(headers)
+		}
+		return ev
+	}
+	for _, c := range []struct {
+		name     string
+		ev       *wal.Event
+		timeline uint32
+		want     any // nil: no header
+	}{
+		{"stream", row(false, ""), 2, int64(2)},
+		{"backfill", row(true, ""), 2, int64(2)},
+		{"the largest timeline", row(false, ""), ^uint32(0), int64(^uint32(0))},
+		{"unknown timeline", row(false, ""), 0, nil},
+		{"a row's own cdcrelay-timeline is replaced", row(false, `{"cdcrelay-timeline": 99, "x": 1}`), 3, int64(3)},
+		{"a row's own cdcrelay-timeline is dropped", row(false, `{"cdcrelay-timeline": 99, "x": 1}`), 0, nil},
+	} {
+		msg, err := MessageOn(c.ev, c.timeline)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		got, present := msg.Headers[HeaderTimeline]
+		if (c.want == nil && present) || (c.want != nil && got != c.want) {
+			t.Errorf("%s: %s = %#v (present %v), want %#v", c.name, HeaderTimeline, got, present, c.want)
+		}
+		if msg.Headers[HeaderCommitLSN] != "0/1B4890F" || msg.Headers[HeaderTxIndex] != int64(52) {
+			t.Errorf("%s: pair headers %v", c.name, msg.Headers)
+		}
+		if err := msg.Headers.Validate(); err != nil {
+			t.Errorf("%s: headers rejected by amqp: %v", c.name, err)
+		}
+	}
+	// Invariant 12: the same row on both paths of one session, one message.
+	stream, err := MessageOn(row(false, `{"x": 1}`), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backfill, err := MessageOn(row(true, `{"x": 1}`), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equal(stream.Headers, backfill.Headers) {
+		t.Errorf("stream headers %#v, backfill headers %#v", stream.Headers, backfill.Headers)
+	}
+	if plain, err := Message(row(false, "")); err != nil || plain.Headers[HeaderTimeline] != nil {
+		t.Errorf("Message: %v, %s = %#v; want no timeline", err, HeaderTimeline, plain.Headers[HeaderTimeline])
 	}
 }
 

@@ -73,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer, slot string) *Metrics {
 			ConstLabels: bySlot,
 		}, []string{"outcome"}),
 		brokerLimit: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "cdcrelay_broker_max_message_bytes", Help: "The broker's max_message_size, learned from a refusal; 0 until known.",
+			Name: "cdcrelay_broker_max_message_bytes", Help: "The broker's max_message_size, learned from a refusal; 0 until known, and again once the broker accepts a larger message.",
 		}),
 	}
 	for _, o := range []string{"returned", "nacked", "refused"} {

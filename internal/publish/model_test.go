@@ -322,6 +322,9 @@ func (a modelAcker) Resumed(ev Ref) {
 	})
 }
 
+// Ending: the model's acker never waits.
+func (a modelAcker) Ending() {}
+
 // settle checks what every report must hold (the right event at the right
 // place, reported once) and what is wrong with this one (a reason, or ""),
 // records it with record, then tells the watermark, as the relay's acks do.

@@ -29,11 +29,16 @@ var (
 // Acker learns the fate of each event: acknowledged by the broker, parked
 // as poison (recorded before any dead-letter copy, whose fate never holds
 // the event back), or resumed: acknowledged and marked in an earlier session
-// (Resume), so not published again.
+// (Resume), so not published again. Its calls may wait (the janitor's
+// session, for room among its unwritten marks); Ending, called from any
+// goroutine and more than once, says the run is over: from then on a call
+// waits no longer than a bound of the Acker's own (invariant 5,
+// docs/architecture.md).
 type Acker interface {
 	Ack(ev Ref)
 	Parked(ev Ref, reason string)
 	Resumed(ev Ref)
+	Ending()
 }
 
 // Ref names an event to its Acker: its sequence number in the session, its
@@ -62,6 +67,10 @@ type PublisherConfig struct {
 	// Unroutable says what a row the broker cannot route becomes: a stall
 	// (the session ends and the row is published again, in order) or poison.
 	Unroutable UnroutablePolicy
+	// Timeline is the server's timeline at this session (IDENTIFY_SYSTEM),
+	// sent on every message as cdcrelay-timeline so that pairs never go
+	// back across a promotion (docs/messages.md); 0, unknown, sends none.
+	Timeline uint32
 	// Refused, if set, remembers across sessions the events the client
 	// library refused to encode or the broker refused for their content,
 	// and makes the publisher park them.
@@ -104,8 +113,9 @@ type Publisher struct {
 	blocked   atomic.Bool
 	unblocked atomic.Int64 // unix nanos of the last unblock
 
-	returns returnBook // returned messages waiting for their confirm's turn
-	alone   aloneBook  // each lane's message in flight alone, if any
+	returns returnBook    // returned messages waiting for their confirm's turn
+	alone   aloneBook     // each lane's message in flight alone, if any
+	seen    exchangesSeen // row exchanges a confirm showed to exist (drainFor)
 
 	lastMu  sync.Mutex
 	last    wal.Place // the newest streamed event published (Last)
@@ -198,7 +208,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	// enter the full FIFO). The byte budget, taken by the feeder of the
 	// input and given back by the confirm loops, bounds the size across
 	// all lanes.
-	window := max(p.MaxInFlight/len(lanes), 1)
+	window := p.laneWindow()
 	// A failed session leaves its messages unconfirmed; they are not in
 	// flight any more once it is gone.
 	p.Metrics.inFlight.Set(0)
@@ -314,6 +324,22 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 			return err
 		}
 		v := p.Resume.judge(&ev)
+		// Above the broker's learned limit: sent alone, so that a refusal
+		// names it and a broker that now accepts it (the limit was raised)
+		// says so; never parked on the belief alone.
+		above := (v == publishFast || v == publishAlone) && p.Resume.aboveLimit(int64(len(ev.Payload)))
+		// The first message to a row's exchange not seen to exist, and one
+		// above the learned limit, go alone once the lane is drained
+		// (drainFor, confirm.go).
+		if v == publishFast || v == publishAlone {
+			first, err := p.drainFor(ctx, &ev, slots, above)
+			if err != nil {
+				return err
+			}
+			if first {
+				v = publishAlone
+			}
+		}
 		var f inflight
 		switch v {
 		case skipDone:
@@ -349,6 +375,11 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 			case <-f.alone:
 			case <-ctx.Done():
 				return ctx.Err()
+			}
+			// Closed only once its confirm was handled without a failure.
+			if above && f.dc != nil && p.Resume.accepted(int64(len(ev.Payload)), p.Metrics) {
+				p.Log.Info("the broker accepted a message above the max_message_size it refused before; forgetting that limit",
+					"event", logID(ev.ID), "bytes", len(ev.Payload))
 			}
 		}
 		if v == publishAlone {
@@ -423,12 +454,9 @@ func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, stri
 	if reason := poisonReason(ev, p.MaxMessageBytes); reason != "" {
 		return amqp.Publishing{}, reason
 	}
-	msg, err := Message(ev)
+	msg, err := MessageOn(ev, p.Timeline)
 	if err != nil {
 		return amqp.Publishing{}, clipText(err.Error())
-	}
-	if limit := p.Resume.BrokerLimit(); limit > 0 && int64(len(msg.Body)) > limit {
-		return amqp.Publishing{}, fmt.Sprintf("message body is %d bytes, above the broker's max_message_size (%d)", len(msg.Body), limit)
 	}
 	return msg, unsendableReason(exchange, ev.RoutingKey, &msg, p.frameMax())
 }

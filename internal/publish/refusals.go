@@ -19,7 +19,9 @@ const maxRefusals = 1024
 // channel state is unsafe); the next session meets the same event again and
 // parks it instead of publishing it, so one row never becomes a restart
 // loop. An event is known by its id and position, which a restart from the
-// slot reproduces. Safe for concurrent use; a nil *Refusals remembers
+// slot reproduces; the id keeps an entry from matching another event at a
+// position a new timeline reuses (docs/architecture.md, "What the relay
+// remembers"). Safe for concurrent use; a nil *Refusals remembers
 // nothing.
 type Refusals struct {
 	mu sync.Mutex

@@ -20,7 +20,7 @@ const maxNoCopy = 1024
 // refuses some messages cannot make the relay republish the same events
 // session after session (invariant 11, docs/architecture.md). The relay keeps
 // one for its life; each session's publisher consults it. It holds no
-// event, only places (wal.Place), so its size is fixed.
+// event, only places (wal.Place), so its size is bounded.
 //
 //   - Through: every streamed event at or before this place was acknowledged
 //     by the broker and its row marked (or parked) in an earlier session.
@@ -28,6 +28,7 @@ const maxNoCopy = 1024
 //     slot still replays them, because its confirmed position can only
 //     stand at a transaction's end, and a transaction larger than the
 //     broker accepts at once would otherwise never complete.
+//
 //   - Careful: the events up to the last one published by a session the
 //     broker ended with a refusal, and every event for carefulFor after
 //     such a session, go out one at a time: nothing is published behind a
@@ -36,21 +37,46 @@ const maxNoCopy = 1024
 //     poison), and a bounded queue that refuses one message cannot take the
 //     next one ahead of it.
 //
-// The places of one slot only grow; a new slot (adoption) starts afresh
-// (Forget). Safe for concurrent use; a nil *Resume remembers nothing.
+//   - Ahead: events past Through that were acknowledged and marked out of
+//     order (another publishing channel's events behind a stalled or
+//     refused row): skipped too, so a stall on one lane does not make every
+//     session publish the other lanes' events again.
+//
+// Every remembered place is a belief about one stream: the places of one
+// slot on one timeline of one database system, since the server last
+// started. Anchor names that stream each session and drops every place when
+// it changed (a promotion reuses LSNs on a new timeline; a crash may undo
+// asynchronous commits; another system is another stream); a new slot
+// (adoption) drops them too (Forget). What is about the broker, not the
+// stream (the careful window's deadline after a refusal, the learned size
+// limit) is kept. docs/architecture.md, "What the relay remembers", lists
+// each piece and what drops it. Safe for concurrent use; a nil *Resume
+// remembers nothing.
 type Resume struct {
 	mu       sync.Mutex
+	stream   string // the stream the places belong to (Anchor); "": not named yet
 	through  wal.Place
 	id       string // the event at through, checked before anything is skipped
 	set      bool
-	careful  wal.Place // events at or before it go out one at a time
-	carefulT time.Time // and every event until then
-	refused  bool      // the last session ended with a broker refusal
+	ahead    map[wal.Place]string // done events past through, by place, with their ids
+	careful  wal.Place            // events at or before it go out one at a time
+	carefulT time.Time            // and every event until then
+	refused  bool                 // the last session ended with a broker refusal
 	noCopy   map[wal.Place]struct{}
 	progress uint64 // bumped each time through moves
-	limit    int64  // the broker's max_message_size, learned from a refusal; 0: unknown
-	stalled  *Stall // the row the stream is stalled on, if any
+	// limit is the broker's max_message_size as learned from a refusal, 0
+	// while unknown. A belief, not a rule: a message above it is sent alone
+	// (so a refusal names it) rather than parked unsent, and the limit is
+	// dropped once the broker accepts a message above it (the operator
+	// raised it, or another node has another limit).
+	limit    int64
+	stalled  *Stall   // the row the stream is stalled on, if any
+	stalledM *Metrics // where the stall is exported, to withdraw it
 }
+
+// maxAhead bounds the places remembered past Through; beyond it the
+// newest are not remembered, which costs only duplicates.
+const maxAhead = 1 << 16
 
 // Done records that the event at at (with id) and every streamed event
 // before it are acknowledged and marked. through never moves back.
@@ -65,6 +91,52 @@ func (r *Resume) Done(at wal.Place, id string) {
 	}
 	r.through, r.id, r.set = at, id, true
 	r.progress++
+	for p := range r.ahead {
+		if !r.through.Before(p) {
+			delete(r.ahead, p)
+		}
+	}
+}
+
+// DoneAhead records that the event at at (with id) is acknowledged and
+// marked although an earlier one is not (it went out on another
+// publishing channel): the next session skips it too.
+func (r *Resume) DoneAhead(at wal.Place, id string) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.set && !r.through.Before(at) {
+		return
+	}
+	if r.ahead == nil {
+		r.ahead = make(map[wal.Place]string)
+	}
+	if len(r.ahead) < maxAhead {
+		r.ahead[at] = id
+	}
+}
+
+// Anchor names the stream this session reads (for the relay: the database
+// system, its timeline and when its servers started). When it is not the
+// stream the remembered places were learned from, they are dropped, and
+// Anchor reports true: a promoted standby's new timeline reuses the LSNs
+// of events its old primary had and it never received, and a crash may
+// have undone marks committed asynchronously; skipping by an old place
+// would skip events that exist (invariant 11, docs/architecture.md).
+func (r *Resume) Anchor(stream string) (forgot bool) {
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stream != "" && r.stream != stream {
+		forgot = r.set || len(r.ahead) > 0 || r.careful != (wal.Place{}) || r.stalled != nil
+		r.forgetPlaces()
+	}
+	r.stream = stream
+	return forgot
 }
 
 // Progress counts the moves of Done: a session that moved it made progress
@@ -107,18 +179,32 @@ func (r *Resume) Begin(now time.Time) {
 	}
 }
 
-// Forget drops everything: the slot was created anew, and its places are
-// another stream's.
+// Forget drops every remembered place: the slot was created anew, and its
+// places are another stream's. The careful window's deadline and the
+// broker's limit are about the broker, not the stream: a refusal during an
+// adoption still makes the next one publish the backlog one message at a
+// time, so that the refusal names its row.
 func (r *Resume) Forget() {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	// The broker's limit and a stall are about the broker, not the stream.
+	r.forgetPlaces()
+}
+
+// forgetPlaces drops what names a place in the stream, the stall's row
+// included (it is named again if the new stream stalls on it). Caller
+// holds mu.
+func (r *Resume) forgetPlaces() {
 	r.through, r.id, r.set = wal.Place{}, "", false
-	r.careful, r.carefulT, r.refused = wal.Place{}, time.Time{}, false
+	r.ahead = nil
+	r.careful = wal.Place{}
 	r.noCopy = nil
+	if r.stalled != nil {
+		r.stalledM.stalled.DeleteLabelValues(r.stalled.ID, r.stalled.Exchange, r.stalled.RoutingKey, r.stalled.Cause)
+		r.stalled, r.stalledM = nil, nil
+	}
 }
 
 // verdict is what the publisher does with an event.
@@ -151,7 +237,14 @@ func (r *Resume) judge(ev *wal.Event) verdict {
 		if at == r.through && ev.ID != r.id {
 			// Not the event the place was recorded for: the stream is not
 			// the one remembered. Trust nothing remembered.
-			r.set = false
+			r.set, r.ahead = false, nil
+			return skipUnverified
+		}
+		return skipDone
+	}
+	if id, ok := r.ahead[at]; ok {
+		if id != ev.ID {
+			r.set, r.ahead = false, nil
 			return skipUnverified
 		}
 		return skipDone
@@ -212,9 +305,9 @@ func (r *Resume) stall(s Stall, m *Metrics) {
 		return
 	}
 	if r.stalled != nil {
-		m.stalled.DeleteLabelValues(r.stalled.ID, r.stalled.Exchange, r.stalled.RoutingKey, r.stalled.Cause)
+		r.stalledM.stalled.DeleteLabelValues(r.stalled.ID, r.stalled.Exchange, r.stalled.RoutingKey, r.stalled.Cause)
 	}
-	r.stalled = &s
+	r.stalled, r.stalledM = &s, m
 	m.stalled.WithLabelValues(s.ID, s.Exchange, s.RoutingKey, s.Cause).Set(1)
 }
 
@@ -228,8 +321,8 @@ func (r *Resume) unstall(at wal.Place, m *Metrics) {
 	if r.stalled == nil || at.Before(r.stalled.At) {
 		return
 	}
-	m.stalled.DeleteLabelValues(r.stalled.ID, r.stalled.Exchange, r.stalled.RoutingKey, r.stalled.Cause)
-	r.stalled = nil
+	r.stalledM.stalled.DeleteLabelValues(r.stalled.ID, r.stalled.Exchange, r.stalled.RoutingKey, r.stalled.Cause)
+	r.stalled, r.stalledM = nil, nil
 }
 
 // Stalled returns the row the stream is stalled on, if any.
@@ -246,7 +339,7 @@ func (r *Resume) Stalled() (Stall, bool) {
 }
 
 // BrokerLimit is the broker's max_message_size as learned from a refusal,
-// 0 while unknown.
+// 0 while unknown (or since the broker accepted a message above it).
 func (r *Resume) BrokerLimit() int64 {
 	if r == nil {
 		return 0
@@ -265,4 +358,33 @@ func (r *Resume) learnLimit(limit int64, m *Metrics) {
 	defer r.mu.Unlock()
 	r.limit = limit
 	m.brokerLimit.Set(float64(limit))
+}
+
+// aboveLimit reports whether a message body of size bytes is above the
+// broker's learned limit: it then goes out alone, so that a refusal names
+// it, instead of being parked unsent by a belief that may be stale.
+func (r *Resume) aboveLimit(size int64) bool {
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.limit > 0 && size > r.limit
+}
+
+// accepted records that the broker accepted a message body of size bytes:
+// a learned limit below it is stale (the operator raised it, or this
+// node's is larger), and is dropped. It reports whether it was.
+func (r *Resume) accepted(size int64, m *Metrics) bool {
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.limit == 0 || size <= r.limit {
+		return false
+	}
+	r.limit = 0
+	m.brokerLimit.Set(0)
+	return true
 }

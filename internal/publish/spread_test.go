@@ -20,6 +20,7 @@ type spreadTestAcker struct{}
 func (spreadTestAcker) Ack(Ref)            {}
 func (spreadTestAcker) Parked(Ref, string) {}
 func (spreadTestAcker) Resumed(Ref)        {}
+func (spreadTestAcker) Ending()            {}
 
 // A failed session must end even when no new event arrives: the relay
 // restarts both sides only once Run returns. With several channels the

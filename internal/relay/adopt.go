@@ -31,11 +31,55 @@ func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgCon
 	if err != nil {
 		return 0, err
 	}
-	r.metrics.backfilling.Set(1)
-	defer r.metrics.backfilling.Set(0)
-	// A new slot is a new stream: nothing remembered of the old one applies.
+	// A new slot is a new stream: no place remembered of the old one
+	// applies. The careful window after a refusal is kept (it is about the
+	// broker): a backlog row the broker refused is then published alone
+	// next time, and the refusal names it.
 	r.resume.Forget()
 	r.log.Info("created replication slot; publishing the rows committed before it", "consistent_point", created.ConsistentPoint)
+	return created.ConsistentPoint, r.backlog(ctx, sdb, link, created)
+}
+
+// unfinishedAdoption is an adoption this process began and did not finish:
+// its slot (by name and consistent point) and the index past the last one
+// its attempts gave a backlog row (docs/architecture.md, "What the relay
+// remembers").
+type unfinishedAdoption struct {
+	slot string
+	at   pglogrepl.LSN
+	next int
+	set  bool
+}
+
+// resumable reports whether the slot info describes, unfinished, is the
+// adoption this process began: same slot, never streamed since (its
+// position is still its consistent point).
+func (u unfinishedAdoption) resumable(slotName string, info slot.Info) bool {
+	return u.set && u.slot == slotName && u.at == info.ConfirmedFlush
+}
+
+// resumeAdoption publishes the backlog of a slot whose adoption this
+// process began and did not finish (a refusal or a failure ended the
+// session), keeping the slot. The slot never streamed, so its position is
+// still its consistent point, and its exported snapshot is gone: the
+// backlog is read from a new snapshot instead, which holds every row
+// committed before that point that is still unpublished, and also those
+// committed since (published again when the stream reaches them:
+// duplicates, never a gap). Its rows' indices start past the earlier
+// attempts', so that no pair names two events. Re-creating the slot
+// instead would wait for every running transaction at each retry, and a
+// row the broker refuses would make every retry do it.
+func (r *Relay) resumeAdoption(ctx context.Context, sdb *pgx.Conn, link *publish.Link, at pglogrepl.LSN) error {
+	r.log.Info("publishing the rest of the backlog of the slot's unfinished adoption, from a new snapshot", "consistent_point", at)
+	return r.backlog(ctx, sdb, link, slot.Created{ConsistentPoint: at, FirstIndex: r.unfinished.next})
+}
+
+// backlog publishes the rows with published_at IS NULL of created's
+// snapshot (a new one when it names none), waits for their marks and ends
+// the adoption.
+func (r *Relay) backlog(ctx context.Context, sdb *pgx.Conn, link *publish.Link, created slot.Created) error {
+	r.metrics.backfilling.Set(1)
+	defer r.metrics.backfilling.Set(0)
 	began := time.Now()
 	seq := slot.NewWatermark(0)
 	rows := make(chan wal.Event)
@@ -60,21 +104,33 @@ func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgCon
 	})
 	g.Go(func() error { return r.budgeted(gctx, budget, rows, events) })
 	g.Go(func() error { return publisher.Run(gctx) })
-	if err := g.Wait(); err != nil {
-		// The next adoption publishes the backlog one message at a time for
-		// a while if the broker refused one (publish.Resume): a refusal then
-		// names its row.
+	err := g.Wait()
+	// Until the adoption ends, a next attempt of this process keeps the
+	// slot and numbers its rows past every index given so far.
+	r.unfinished = unfinishedAdoption{slot: r.cfg.Slot, at: created.ConsistentPoint, next: created.FirstIndex + n, set: true}
+	if err != nil {
+		// What the broker acknowledged is marked before the next attempt
+		// reads its snapshot, which then leaves it out: each attempt makes
+		// progress, and publishes again none of it (as windDown does for
+		// a stream).
+		wctx, cancel := context.WithTimeout(ctx, windDownWait)
+		_ = marks.Wait(wctx)
+		cancel()
+		// The next attempt publishes the backlog one message at a time for
+		// a while if the broker refused one (publish.Resume): a refusal
+		// then names its row, which is parked or named as stalled.
 		r.resume.Failed(wal.Place{}, false, publish.Refusal(err))
-		return 0, fmt.Errorf("publish backlog: %w", err)
+		return fmt.Errorf("publish backlog: %w", err)
 	}
 	// The backlog's rows are behind the slot's consistent point: they must
 	// be marked before the adoption ends (invariant 10, docs/architecture.md).
 	if err := marks.Wait(ctx); err != nil {
-		return 0, err
+		return err
 	}
 	if err := slot.EndAdoption(ctx, sdb, r.cfg.Slot); err != nil {
-		return 0, err
+		return err
 	}
+	r.unfinished = unfinishedAdoption{}
 	r.log.Info("published the backlog", "events", n, "took", time.Since(began).Round(time.Millisecond))
-	return created.ConsistentPoint, nil
+	return nil
 }

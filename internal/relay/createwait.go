@@ -64,6 +64,11 @@ const retryDetailMax = 200
 // errors never quote them.
 func (r *Relay) retryDetail(err error) (Reason, string) {
 	reason, prefix, msg, most := ReasonRetrying, "retrying after: ", err.Error(), retryDetailMax
+	if s, ok := r.resume.Stalled(); ok {
+		// The row first, whatever error ended the session (a channel the
+		// broker closed names no row): it is what an operator acts on.
+		prefix += fmt.Sprintf("stalled on event %s (%s: exchange %q, routing key %q): ", s.ID, s.Cause, s.Exchange, s.RoutingKey)
+	}
 	var op *OperatorError
 	if errors.As(err, &op) {
 		// The remedy is the point: room for it whole.

@@ -88,7 +88,7 @@ func deliveredBothWays(t *testing.T, e *env, db *pgx.Conn, rows []exactRow) (pre
 func userHeaders(h map[string]any) map[string]any {
 	out := make(map[string]any, len(h))
 	for k, v := range h {
-		if k != publish.HeaderCommitLSN && k != publish.HeaderTxIndex {
+		if k != publish.HeaderCommitLSN && k != publish.HeaderTxIndex && k != publish.HeaderTimeline {
 			out[k] = v
 		}
 	}

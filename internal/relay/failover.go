@@ -104,3 +104,33 @@ func (r *Relay) noteSystem(sys slot.System, info slot.Info) {
 		r.log.Info("resuming from a slot synchronized from the former primary", "confirmed_flush", info.ConfirmedFlush)
 	}
 }
+
+// anchor names to publish.Resume the stream this session reads: the
+// database system and timeline of the replication connection, when the
+// slot's server (and the primary, when the slot is on a standby) last
+// started, and whether the stream skips transactions with an origin.
+// Resume drops every remembered place when the stream is not the one they
+// were learned from: a promoted standby's new timeline reuses the LSNs of
+// events it never received, a restart after a crash may have undone marks,
+// and a stream that skipped origins never saw a foreign origin's inserts
+// that a stream decoding them must publish (docs/architecture.md, "What the
+// relay remembers"). Runs after decideOrigins.
+func (r *Relay) anchor(ctx context.Context, db, sdb *pgx.Conn, server slot.Server, sys slot.System) error {
+	origins := "any"
+	if r.skipOrigins {
+		origins = "none"
+	}
+	key := fmt.Sprintf("system %s, timeline %d, started %s, origins %s", sys.ID, sys.Timeline, server.Started.UTC().Format(time.RFC3339Nano), origins)
+	if sdb != db {
+		var primary time.Time
+		if err := db.QueryRow(ctx, `SELECT pg_postmaster_start_time()`).Scan(&primary); err != nil {
+			return fmt.Errorf("read when the primary started: %w", err)
+		}
+		key += ", primary started " + primary.UTC().Format(time.RFC3339Nano)
+	}
+	if r.resume.Anchor(key) {
+		r.log.Warn("the stream is not the one earlier sessions read (a promotion, a restart, another database system, or origins decoded or skipped): every event the slot replays is published again, none skipped as done",
+			"stream", key)
+	}
+	return nil
+}

@@ -63,11 +63,67 @@ func TestIntegrationBrokerSizeLimitParked(t *testing.T) {
 	want := append(append(append([]row(nil), before...), middle...), after...)
 	waitAll(t, e.consumer, want, 60*time.Second)
 	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	// Both refused by the broker itself: the learned limit sends the
+	// second alone, so the 406 names it, rather than parking it unsent.
 	checkParked(t, e, map[string]string{
-		first:  "1048576", // the 406's reason, or the limit learned from it
-		second: "above the broker's max_message_size (1048576)",
+		first:  "1048576",
+		second: "1048576",
 	})
 	if got := gauge(t, r.reg, "cdcrelay_broker_max_message_bytes"); got != 1048576 {
 		t.Fatalf("cdcrelay_broker_max_message_bytes = %v, want 1048576", got)
+	}
+}
+
+// TestIntegrationBrokerSizeLimitRaised: the limit
+// learned from a 406 is a belief about the broker, not a rule. After the
+// operator raises max_message_size (and the connections are closed, as
+// the runbook says), a row above the old limit is delivered, not parked,
+// and the learned limit is dropped. Before, the row was parked unsent
+// (attempts 1, "above the broker's max_message_size (1048576)") until the
+// relay restarted.
+func TestIntegrationBrokerSizeLimitRaised(t *testing.T) {
+	ctx := context.Background()
+	node, err := testenv.StartRabbitMQ(ctx, testenv.RabbitMQOptions{Config: map[string]string{"max_message_size": "1048576"}})
+	if err != nil {
+		t.Fatalf("private RabbitMQ node: %v", err)
+	}
+	t.Cleanup(func() { _ = node.Close() })
+	e := newEnvWith(t, testenv.PostgresOptions{}, node.URL(), "#")
+	r := e.startRelay(map[string]string{"MAX_MESSAGE_BYTES": "4MiB", "MAX_IN_FLIGHT_BYTES": "16MiB", "BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s"})
+	r.waitStreaming(t)
+	big := func() string {
+		var id string
+		payload := fmt.Sprintf(`{"pad":%q}`, strings.Repeat("x", 1536*1024))
+		if err := e.db.QueryRow(ctx, `INSERT INTO event_outbox (routing_key, payload) VALUES ('k.big', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	first := big()
+	checkParked(t, e, map[string]string{first: "1048576"})
+	if got := gauge(t, r.reg, "cdcrelay_broker_max_message_bytes"); got != 1048576 {
+		t.Fatalf("cdcrelay_broker_max_message_bytes = %v after the refusal, want 1048576", got)
+	}
+	// The operator raises the limit and closes the connections.
+	if out, err := node.Ctl(ctx, "eval", "application:set_env(rabbit, max_message_size, 8388608)."); err != nil {
+		t.Fatalf("raise max_message_size: %v: %s", err, out)
+	}
+	if out, err := node.Ctl(ctx, "close_all_connections", "raised max_message_size"); err != nil {
+		t.Fatalf("close connections: %v: %s", err, out)
+	}
+	second := big()
+	after, last := insertTxns(t, e.db, "k.after", 1)
+	waitDeliveredIDs(t, e.consumer, []string{second, after[0].id}, 60*time.Second, nil)
+	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
+	var published bool
+	var lastError *string
+	if err := e.db.QueryRow(ctx, `SELECT published_at IS NOT NULL, last_error FROM event_outbox WHERE id = $1`, second).Scan(&published, &lastError); err != nil {
+		t.Fatal(err)
+	}
+	if !published || lastError != nil {
+		t.Fatalf("the row above the old limit: published %v, last_error %v; want published and no error", published, lastError)
+	}
+	if got := gauge(t, r.reg, "cdcrelay_broker_max_message_bytes"); got != 0 {
+		t.Fatalf("cdcrelay_broker_max_message_bytes = %v after the broker accepted a larger message, want 0 (unknown)", got)
 	}
 }

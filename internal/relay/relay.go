@@ -75,14 +75,22 @@ type Relay struct {
 	// publication no longer lists them, since their inserts may still lie
 	// ahead in the slot (unknown.go).
 	unknown map[uint32]string
+	// unfinished is the adoption this process began and did not finish
+	// (adopt.go): its slot is kept, and the next session publishes the rest
+	// of its backlog with indices past those already given. A relay that
+	// finds an unfinished adoption it has no memory of (its process died)
+	// creates the slot again. Run goroutine only.
+	unfinished unfinishedAdoption
 	// system is the database system and timeline the last session's
 	// replication connection reached (noteSystem); Run goroutine only.
 	system slot.System
 	// skipOrigins: this session's stream asks for origin 'none'
 	// (origin.go); originsNoted, the foreign origins last warned about.
-	// Run goroutine only.
+	// Run goroutine only. originMemo: what foreign origins seen earlier
+	// still require (origin.go; its own rules for goroutines).
 	skipOrigins  bool
 	originsNoted string
+	originMemo   originMemory
 
 	role     atomic.Int32
 	inFlight atomic.Pointer[meteredBudget] // the newest session's byte budget

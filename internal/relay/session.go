@@ -95,6 +95,9 @@ func (r *Relay) session(ctx context.Context) (err error) {
 		return err
 	}
 	r.noteSystem(sys, info)
+	if err := r.anchor(work, db, sdb, server, sys); err != nil {
+		return err
+	}
 
 	// The broker is needed from here on: by the adoption, which publishes
 	// the backlog before streaming, and by the stream.
@@ -104,8 +107,13 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	}
 	defer func() { _ = link.Close() }()
 	start := info.ConfirmedFlush
-	if !info.Exists {
+	switch {
+	case !info.Exists:
 		if start, err = r.adopt(work, db, sdb, repl, link, adopting); err != nil {
+			return err
+		}
+	case info.Adopting:
+		if err := r.resumeAdoption(work, sdb, link, start); err != nil {
 			return err
 		}
 	}
@@ -120,9 +128,11 @@ func (r *Relay) session(ctx context.Context) (err error) {
 }
 
 // prepare makes sure the publication exists, then looks at the slot, with
-// the slot lock held: an invalidated slot or an interrupted adoption is
-// dropped so that it is created again with a snapshot backfill. adopting
-// reports that prepare already holds the adoption lock. Before a slot is
+// the slot lock held: an invalidated slot is dropped so that it is created
+// again with a snapshot backfill, and so is a slot whose adoption another
+// process did not finish; one this process began is kept, and the rest of
+// its backlog published (resumeAdoption). adopting reports that prepare
+// already holds the adoption lock. Before a slot is
 // created or dropped, canAdopt checks what an adoption needs.
 func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info, interval time.Duration, adopting bool, err error) {
 	info, interval, err = r.inspect(ctx, db, sdb)
@@ -145,14 +155,23 @@ func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info,
 		if err := r.canAdopt(ctx, sdb); err != nil {
 			return info, 0, false, err
 		}
-		// The marker outlives only a relay that died while publishing the
-		// backlog: a live adopter of this version holds the slot lock, which
-		// is ours, and one of an older version holds the adoption lock, for
-		// which BeginAdoption reports ErrBusy before anything is dropped.
+		// The marker outlives an adoption that failed (a refusal, a lost
+		// connection) or whose relay died: a live adopter of this version
+		// holds the slot lock, which is ours, and one of an older version
+		// holds the adoption lock, for which BeginAdoption reports ErrBusy.
 		if err := slot.BeginAdoption(ctx, sdb, r.cfg.Slot); err != nil {
 			return info, 0, false, err
 		}
 		adopting = true
+		if r.unfinished.resumable(r.cfg.Slot, info) {
+			// This process's own attempt: the slot is kept, and
+			// resumeAdoption publishes what is left of the backlog.
+			r.log.Warn("the previous adoption of this slot did not finish; publishing the rest of the backlog, keeping the slot")
+			return info, interval, true, nil
+		}
+		// Another process's (it died): the indices its backlog gave are
+		// unknown, so the slot is created again, with a new consistent
+		// point, and the rows' pairs stay unique.
 		r.log.Warn("the previous adoption of this slot was interrupted; recreating the slot and publishing the backlog again")
 	default:
 		// An active slot is the dead holder's walsender on its way out (or

@@ -37,11 +37,12 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	publisher := publish.NewPublisher(link, events, marks, budget, r.publisherConfig())
 	// ctx ending is the soft stop (SoftStop: read no more, drain, report);
 	// gctx, under hard, ends the reader at once.
+	gate := r.newOriginGate(watermark, start, interval) // with origin 'none' only (origingate.go)
 	reader := wal.NewReader(repl, wal.ReaderConfig{
-		Decoder: wal.NewDecoder(r.mapping), Positions: watermark, Out: events,
+		Decoder: wal.NewDecoder(r.mapping), Positions: gate, Out: events,
 		Budget: budget, BudgetBytes: int64(r.cfg.MaxInFlightBytes),
 		StatusInterval: interval, Timeout: 3 * interval,
-		SoftStop: ctx.Done(), Settled: marks.Settled(publisher.Drained()),
+		SoftStop: ctx.Done(), Settled: gate.Settled(marks.Settled(publisher.Drained())),
 		Turned: r.touch, Log: r.log, Metrics: r.walM,
 	})
 	r.log.Info("streaming", "from", start, "status_interval", interval)
@@ -53,6 +54,7 @@ func (r *Relay) stream(ctx context.Context, repl *pgconn.PgConn, link *publish.L
 	g.Go(func() error { defer close(readerDone); return reader.Run(gctx) })
 	g.Go(func() error { return publisher.Run(gctx) })
 	g.Go(func() error { return watchDatabaseShutdown(gctx, dbShuttingDown, readerDone) })
+	g.Go(func() error { return gate.run(gctx, readerDone) })
 	err := g.Wait()
 	if ctx.Err() != nil {
 		r.log.Info("stopped", "confirmed", reader.Sent(), "unconfirmed_events", watermark.Pending())
@@ -81,6 +83,9 @@ func (r *Relay) windDown(ctx context.Context, err error, watermark *slot.Waterma
 	if at, id, ok := watermark.Done(); ok {
 		r.resume.Done(at, id)
 	}
+	for _, e := range watermark.DoneAhead() {
+		r.resume.DoneAhead(e.At, e.ID)
+	}
 	last, ok := publisher.Last()
 	r.resume.Failed(last, ok, publish.Refusal(err))
 	// The replication connection is fine when the broker side failed; if
@@ -90,14 +95,15 @@ func (r *Relay) windDown(ctx context.Context, err error, watermark *slot.Waterma
 	}
 }
 
-// publisherConfig is the publishers' configuration, the same for every session.
+// publisherConfig is the publishers' configuration: the same for every
+// session but the timeline, the one noteSystem recorded for this session.
 func (r *Relay) publisherConfig() publish.PublisherConfig {
 	return publish.PublisherConfig{
 		Exchange:    r.cfg.Exchange,
 		MaxInFlight: r.cfg.MaxInFlight, MaxInFlightBytes: int64(r.cfg.MaxInFlightBytes),
 		ConfirmTimeout:  r.cfg.ConfirmTimeout,
 		MaxMessageBytes: int64(r.cfg.MaxMessageBytes), Poison: r.poison, DeadLetterExchange: r.cfg.DeadLetterExchange,
-		Unroutable: r.unroutable, Resume: r.resume, OnBlocked: r.onBlocked,
+		Unroutable: r.unroutable, Timeline: uint32(r.system.Timeline), Resume: r.resume, OnBlocked: r.onBlocked,
 		Log: r.log, Metrics: r.pubM, Refused: r.refused,
 	}
 }

@@ -12,10 +12,14 @@ import (
 
 // AdoptionSlotName names the adoption marker of a slot: a physical slot that
 // reserves no WAL and exists only while the backlog of a new slot is being
-// published. A relay that finds it next to the slot knows the adoption was
-// interrupted (the process died) and starts it over. Slot names are
+// published. A relay that finds it next to the slot knows the adoption did
+// not finish: its own failed attempt, whose slot it keeps and whose
+// backlog it goes on with, or a dead relay's, whose slot it creates again.
+// Slot names are
 // cluster-wide and config.CheckSlotName keeps this mapping injective, so
-// the marker is unique as the slot is.
+// the marker is unique as the slot is. It is the one piece of the relay's
+// memory kept in the database (docs/architecture.md, "What the relay
+// remembers").
 func AdoptionSlotName(slotName string) string {
 	return slotName + config.AdoptionSuffix
 }

@@ -34,7 +34,8 @@ type Sequencer interface{ NextSeq() uint64 }
 // exported snapshot, oldest first, and sends each to out as an event. The
 // snapshot holds exactly the rows committed before the slot's consistent
 // point; everything after is in the slot's stream, so together they leave
-// no gap. Events carry the slot's consistent point as commit LSN and their
+// no gap. When c names no snapshot, a new one is taken: it holds those
+// rows too, and the rows committed since, which the stream sends again. Events carry the slot's consistent point as commit LSN and their
 // position in the backfill as index: every row was committed before that
 // point and every streamed transaction commits after it, so consumers see
 // one order. out is closed when Backfill returns.
@@ -60,8 +61,13 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 		return 0, fmt.Errorf("begin backfill: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", strings.ReplaceAll(c.Snapshot, "'", "''"))); err != nil {
-		return 0, fmt.Errorf("import slot snapshot: %w", err)
+	// Without an exported snapshot (an adoption resumed on a slot that
+	// never streamed) the transaction's own snapshot, taken after the
+	// slot's consistent point, holds every row committed before it too.
+	if c.Snapshot != "" {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", strings.ReplaceAll(c.Snapshot, "'", "''"))); err != nil {
+			return 0, fmt.Errorf("import slot snapshot: %w", err)
+		}
 	}
 	// The transaction sits idle while the publisher waits for the broker or
 	// for room in the byte budget: a role's idle-in-transaction timeout must
@@ -82,7 +88,7 @@ func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq S
 	n, count := 0, backfillFirstFetch
 	at := snapshotLSN(c.ConsistentPoint)
 	send := func(ev wal.Event) error {
-		ev.Seq, ev.CommitLSN, ev.Index = seq.NextSeq(), at, n
+		ev.Seq, ev.CommitLSN, ev.Index = seq.NextSeq(), at, c.FirstIndex+n
 		select {
 		case out <- ev:
 			n++

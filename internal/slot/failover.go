@@ -28,12 +28,16 @@ const failoverVersion = 170000
 type Server struct {
 	Version    int  // server_version_num, e.g. 170010
 	InRecovery bool // a standby
+	// Started is when the server last started: a restart after a crash
+	// may have undone what was committed asynchronously before it.
+	Started time.Time
 }
 
-// ReadServer asks db for its version and whether it is a standby.
+// ReadServer asks db for its version, whether it is a standby and when it
+// started.
 func ReadServer(ctx context.Context, db *pgx.Conn) (Server, error) {
 	var s Server
-	err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, pg_is_in_recovery()`).Scan(&s.Version, &s.InRecovery)
+	err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, pg_is_in_recovery(), pg_postmaster_start_time()`).Scan(&s.Version, &s.InRecovery, &s.Started)
 	if err != nil {
 		return s, fmt.Errorf("read server version: %w", err)
 	}

@@ -180,6 +180,11 @@ type Created struct {
 	// Snapshot holds exactly the rows committed before ConsistentPoint. It
 	// stays importable until the next command on the replication connection.
 	Snapshot string
+	// FirstIndex is the index of the backlog's first row: 0 for a new
+	// slot; for the backlog of an adoption resumed on the same slot, past
+	// every index an earlier attempt gave, so that no (commit LSN, index)
+	// pair names two events (invariant 12, docs/architecture.md).
+	FirstIndex int
 }
 
 // Create makes the permanent pgoutput slot on the replication connection,

@@ -149,6 +149,28 @@ func (w *Watermark) Done() (at wal.Place, id string, ok bool) {
 	return w.done.at, w.done.id, w.done.set
 }
 
+// Acked is an acknowledged event's place and id.
+type Acked struct {
+	At wal.Place
+	ID string
+}
+
+// DoneAhead lists the events acked with AckAt past the acked prefix: done
+// although an event before them is not (it went out on another publishing
+// channel and was refused, or its confirm never came). The next session
+// skips them too (publish.Resume.DoneAhead).
+func (w *Watermark) DoneAhead() []Acked {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []Acked
+	for _, e := range w.early {
+		if e.set {
+			out = append(out, Acked{At: e.at, ID: e.id})
+		}
+	}
+	return out
+}
+
 // release moves the position over every boundary whose events are all acked.
 // Caller holds mu.
 func (w *Watermark) release() {
