@@ -73,3 +73,59 @@ func declarations(t *testing.T, dir string) map[string]bool {
 	}
 	return names
 }
+
+// citedTest is a test, fuzz target or benchmark docs/architecture.md names.
+var citedTest = regexp.MustCompile("`((?:Test|Fuzz|Benchmark)[A-Za-z0-9_]+)`")
+
+// TestArchitectureNamesRealTests: every test docs/architecture.md names
+// (an invariant's tests, a row of "What the relay remembers") is declared
+// in a test file of the repository, so the table of what proves a belief
+// is dropped cannot point at a test that was renamed or never written.
+func TestArchitectureNamesRealTests(t *testing.T) {
+	root := filepath.Join("..", "..")
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "architecture.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := testDeclarations(t, root)
+	cited := citedTest.FindAllStringSubmatch(string(doc), -1)
+	if len(cited) < 50 {
+		t.Fatalf("docs/architecture.md names %d tests; the invariants and the table of what the relay remembers name more", len(cited))
+	}
+	for _, m := range cited {
+		if !tests[m[1]] {
+			t.Errorf("docs/architecture.md names %s, but no test file declares func %s", m[1], m[1])
+		}
+	}
+}
+
+// testDeclarations returns the names of the top-level funcs declared in
+// the test files under dir, whatever their build tags.
+func testDeclarations(t *testing.T, dir string) map[string]bool {
+	t.Helper()
+	decl := regexp.MustCompile(`(?m)^func ([A-Za-z_][A-Za-z0-9_]*)\(`)
+	names := map[string]bool{}
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range decl.FindAllStringSubmatch(string(src), -1) {
+			names[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
