@@ -4,12 +4,9 @@ package relay_test
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/internal/testenv/relaytest"
@@ -29,32 +26,9 @@ func TestIntegrationFailoverLaggingStandbyNoLoss(t *testing.T) {
 	testenv.RequireMajor(t, 17)
 	ctx := context.Background()
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	link := testenv.MustProxy(t, "127.0.0.1:"+strconv.Itoa(e.pg.Port()))
-	host, port, _ := strings.Cut(link.Addr(), ":")
-	sb := testenv.MustStandby(t, e.pg, testenv.StandbyOptions{Slot: "sb1", Settings: map[string]string{
-		"sync_replication_slots": "on",
-		"primary_conninfo":       "host=" + host + " port=" + port + " user=postgres dbname=postgres application_name=sb1",
-	}})
-	primary := relaytest.Connect(t, e.dbURL)
-	relayURL := multiHostURL(t, e.relayURL, e.pg.Port(), sb.Port())
-	r := relaytest.Start(t, relaytest.Config(t, relaytest.Vars(relayURL, e.amqpURL, e.exchange, map[string]string{
-		"SLOT": failoverSlot, "BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s", "MARK_INTERVAL": "50ms",
-	})), relaytest.InProcessOptions{LogTo: testWriter{t}})
-	t.Cleanup(func() { _ = r.Stop() })
-	r.WaitStreaming(t)
-	waitUntil(t, 90*time.Second, "the standby holds a persistent synced copy of the failover slot", func() bool {
-		_, fo, _, _, _, err := slotRow(ctx, primary, failoverSlot)
-		if err != nil || !fo {
-			return false
-		}
-		sdb, err := pgx.Connect(ctx, sb.URL("app"))
-		if err != nil {
-			return false
-		}
-		defer func() { _ = sdb.Close(ctx) }()
-		exists, _, synced, temporary, _, err := slotRow(ctx, sdb, failoverSlot)
-		return err == nil && exists && synced && !temporary
-	})
+	link, sb, primary := linkedStandby(t, e, map[string]string{"sync_replication_slots": "on"})
+	r := startFailoverRelay(t, e, sb, map[string]string{"SLOT": failoverSlot})
+	waitSyncedSlot(t, primary, sb)
 
 	prod := startProducer(t, multiHostURL(t, e.dbURL, e.pg.Port(), sb.Port()))
 	waitUntil(t, 60*time.Second, "500 events delivered under load", func() bool { return e.consumer.Count() >= 500 })

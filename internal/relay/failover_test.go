@@ -46,6 +46,59 @@ func multiHostURL(t *testing.T, roleURL string, ports ...int) string {
 	return u.String()
 }
 
+// linkedStandby starts a standby of e's primary whose WAL link goes through
+// a proxy the test can freeze, with settings added to its configuration.
+// It returns the proxy, the standby and a new connection to the primary
+// (StartStandby restarted it: the env's connection is gone).
+func linkedStandby(t *testing.T, e *env, settings map[string]string) (*testenv.Proxy, *testenv.Postgres, *pgx.Conn) {
+	t.Helper()
+	link := testenv.MustProxy(t, "127.0.0.1:"+strconv.Itoa(e.pg.Port()))
+	host, port, _ := strings.Cut(link.Addr(), ":")
+	all := map[string]string{"primary_conninfo": "host=" + host + " port=" + port + " user=postgres dbname=postgres application_name=sb1"}
+	for k, v := range settings {
+		all[k] = v
+	}
+	sb := testenv.MustStandby(t, e.pg, testenv.StandbyOptions{Slot: "sb1", Settings: all})
+	return link, sb, relaytest.Connect(t, e.dbURL)
+}
+
+// startFailoverRelay runs a relay on a multi-host URL reaching e's primary
+// first and sb second, with quick retries and the given settings, until it
+// streams.
+func startFailoverRelay(t *testing.T, e *env, sb *testenv.Postgres, vars map[string]string) *relaytest.InProcess {
+	t.Helper()
+	all := map[string]string{"BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s", "MARK_INTERVAL": "50ms"}
+	for k, v := range vars {
+		all[k] = v
+	}
+	r := relaytest.Start(t, relaytest.Config(t, relaytest.Vars(multiHostURL(t, e.relayURL, e.pg.Port(), sb.Port()), e.amqpURL, e.exchange, all)),
+		relaytest.InProcessOptions{LogTo: testWriter{t}})
+	t.Cleanup(func() { _ = r.Stop() })
+	r.WaitStreaming(t)
+	return r
+}
+
+// waitSyncedSlot waits until the slot is a failover slot on the primary
+// and the standby persists its synced copy: only then can a promotion keep
+// it.
+func waitSyncedSlot(t *testing.T, primary *pgx.Conn, sb *testenv.Postgres) {
+	t.Helper()
+	ctx := context.Background()
+	waitUntil(t, 90*time.Second, "the standby holds a persistent synced copy of the failover slot", func() bool {
+		_, fo, _, _, _, err := slotRow(ctx, primary, failoverSlot)
+		if err != nil || !fo {
+			return false
+		}
+		sdb, err := pgx.Connect(ctx, sb.URL("app"))
+		if err != nil {
+			return false
+		}
+		defer func() { _ = sdb.Close(ctx) }()
+		exists, _, synced, temporary, _, err := slotRow(ctx, sdb, failoverSlot)
+		return err == nil && exists && synced && !temporary
+	})
+}
+
 // slotRow reads the slot's flags on a server.
 func slotRow(ctx context.Context, db *pgx.Conn, name string) (exists, failover, synced, temporary bool, confirmed pglogrepl.LSN, err error) {
 	var lsn *pglogrepl.LSN
@@ -158,43 +211,16 @@ func failoverUnderLoad(t *testing.T, freeze bool) {
 	testenv.RequireMajor(t, 17)
 	ctx := context.Background()
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	link := testenv.MustProxy(t, "127.0.0.1:"+strconv.Itoa(e.pg.Port()))
-	host, port, _ := strings.Cut(link.Addr(), ":")
-	sb := testenv.MustStandby(t, e.pg, testenv.StandbyOptions{Slot: "sb1", Settings: map[string]string{
-		"sync_replication_slots": "on",
-		"primary_conninfo":       "host=" + host + " port=" + port + " user=postgres dbname=postgres application_name=sb1",
-	}})
-	// StartStandby restarted the primary: the env's connection is gone.
-	primary := relaytest.Connect(t, e.dbURL)
+	link, sb, primary := linkedStandby(t, e, map[string]string{"sync_replication_slots": "on"})
 	if _, err := primary.Exec(ctx, `ALTER SYSTEM SET synchronized_standby_slots = 'sb1'`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := primary.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
 		t.Fatal(err)
 	}
-	relayURL := multiHostURL(t, e.relayURL, e.pg.Port(), sb.Port())
-	r := relaytest.Start(t, relaytest.Config(t, relaytest.Vars(relayURL, e.amqpURL, e.exchange, map[string]string{
-		"SLOT": failoverSlot, "BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s",
-		"MARK_INTERVAL": "50ms", "LOG_LEVEL": "debug",
-	})), relaytest.InProcessOptions{LogTo: testWriter{t}})
-	t.Cleanup(func() { _ = r.Stop() })
-	r.WaitStreaming(t)
-
-	// The slot becomes a failover slot after its (empty) adoption, and the
-	// standby persists its copy: only then can a promotion keep it.
-	waitUntil(t, 90*time.Second, "the standby holds a persistent synced copy of the failover slot", func() bool {
-		_, fo, _, _, _, err := slotRow(ctx, primary, failoverSlot)
-		if err != nil || !fo {
-			return false
-		}
-		sdb, err := pgx.Connect(ctx, sb.URL("app"))
-		if err != nil {
-			return false
-		}
-		defer func() { _ = sdb.Close(ctx) }()
-		exists, _, synced, temporary, _, err := slotRow(ctx, sdb, failoverSlot)
-		return err == nil && exists && synced && !temporary
-	})
+	r := startFailoverRelay(t, e, sb, map[string]string{"SLOT": failoverSlot, "LOG_LEVEL": "debug"})
+	// The slot becomes a failover slot after its (empty) adoption.
+	waitSyncedSlot(t, primary, sb)
 
 	prod := startProducer(t, multiHostURL(t, e.dbURL, e.pg.Port(), sb.Port()))
 	waitUntil(t, 60*time.Second, "500 events delivered under load", func() bool { return e.consumer.Count() >= 500 })

@@ -38,8 +38,13 @@ func TestIntegrationLanesStallNoRepublish(t *testing.T) {
 	other, same := keyOnLane(t, 1-stalledLane, 2), keyOnLane(t, stalledLane, 2)
 	unrouted, last := insertTxns(t, e.db, "nowhere", 1)
 	flowing, _ := insertTxns(t, e.db, other, 1, 1, 1)
-	held, _ := insertTxns(t, e.db, same, 1, 1)
 	waitAll(t, e.consumer, flowing, 30*time.Second)
+	// Committed once the stall is under way, so that no session's first
+	// burst (published before the return arrives) carries them.
+	for gauge(t, r.reg, "cdcrelay_pipeline_restarts_total") < 1 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	held, _ := insertTxns(t, e.db, same, 1, 1)
 	restarts := gauge(t, r.reg, "cdcrelay_pipeline_restarts_total")
 	deadline := time.Now().Add(60 * time.Second)
 	for gauge(t, r.reg, "cdcrelay_pipeline_restarts_total") < restarts+8 {

@@ -35,27 +35,14 @@ func TestIntegrationBoundedQueueReviewOneTransaction(t *testing.T) {
 // TestIntegrationBrokerSizeLimitParked: a private node with a
 // max_message_size below CDCRELAY_MAX_MESSAGE_BYTES closes the channel
 // for a larger message (406). The row is parked with the broker's reason,
-// the relay learns the limit, parks the next such row before sending it,
-// and the rows around them flow.
+// the relay learns the limit, sends the next such row alone so that the
+// broker's refusal names it too, and the rows around them flow.
 func TestIntegrationBrokerSizeLimitParked(t *testing.T) {
-	ctx := context.Background()
-	node, err := testenv.StartRabbitMQ(ctx, testenv.RabbitMQOptions{Config: map[string]string{"max_message_size": "1048576"}})
-	if err != nil {
-		t.Fatalf("private RabbitMQ node: %v", err)
-	}
-	t.Cleanup(func() { _ = node.Close() })
-	e := newEnvWith(t, testenv.PostgresOptions{}, node.URL(), "#")
+	_, e := sizeLimitedEnv(t)
 	r := e.startRelay(map[string]string{"MAX_MESSAGE_BYTES": "4MiB", "MAX_IN_FLIGHT_BYTES": "16MiB"})
 	r.waitStreaming(t)
 	before, _ := insertTxns(t, e.db, "k.before", 1, 1)
-	big := func() string {
-		var id string
-		payload := fmt.Sprintf(`{"pad":%q}`, strings.Repeat("x", 1536*1024))
-		if err := e.db.QueryRow(ctx, `INSERT INTO event_outbox (routing_key, payload) VALUES ('k.big', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	big := func() string { return insertBig(t, e) }
 	first := big()
 	middle, _ := insertTxns(t, e.db, "k.middle", 1, 1)
 	second := big()
@@ -74,6 +61,30 @@ func TestIntegrationBrokerSizeLimitParked(t *testing.T) {
 	}
 }
 
+// sizeLimitedEnv is an env whose broker is a private node with
+// max_message_size 1 MiB.
+func sizeLimitedEnv(t *testing.T) (*testenv.RabbitMQ, *env) {
+	t.Helper()
+	node, err := testenv.StartRabbitMQ(context.Background(), testenv.RabbitMQOptions{Config: map[string]string{"max_message_size": "1048576"}})
+	if err != nil {
+		t.Fatalf("private RabbitMQ node: %v", err)
+	}
+	t.Cleanup(func() { _ = node.Close() })
+	return node, newEnvWith(t, testenv.PostgresOptions{}, node.URL(), "#")
+}
+
+// insertBig inserts a row of 1.5 MiB with routing key k.big and returns
+// its id.
+func insertBig(t *testing.T, e *env) string {
+	t.Helper()
+	var id string
+	payload := fmt.Sprintf(`{"pad":%q}`, strings.Repeat("x", 1536*1024))
+	if err := e.db.QueryRow(context.Background(), `INSERT INTO event_outbox (routing_key, payload) VALUES ('k.big', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 // TestIntegrationBrokerSizeLimitRaised: the limit
 // learned from a 406 is a belief about the broker, not a rule. After the
 // operator raises max_message_size (and the connections are closed, as
@@ -83,22 +94,10 @@ func TestIntegrationBrokerSizeLimitParked(t *testing.T) {
 // relay restarted.
 func TestIntegrationBrokerSizeLimitRaised(t *testing.T) {
 	ctx := context.Background()
-	node, err := testenv.StartRabbitMQ(ctx, testenv.RabbitMQOptions{Config: map[string]string{"max_message_size": "1048576"}})
-	if err != nil {
-		t.Fatalf("private RabbitMQ node: %v", err)
-	}
-	t.Cleanup(func() { _ = node.Close() })
-	e := newEnvWith(t, testenv.PostgresOptions{}, node.URL(), "#")
+	node, e := sizeLimitedEnv(t)
 	r := e.startRelay(map[string]string{"MAX_MESSAGE_BYTES": "4MiB", "MAX_IN_FLIGHT_BYTES": "16MiB", "BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s"})
 	r.waitStreaming(t)
-	big := func() string {
-		var id string
-		payload := fmt.Sprintf(`{"pad":%q}`, strings.Repeat("x", 1536*1024))
-		if err := e.db.QueryRow(ctx, `INSERT INTO event_outbox (routing_key, payload) VALUES ('k.big', $1) RETURNING id::text`, payload).Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	big := func() string { return insertBig(t, e) }
 	first := big()
 	checkParked(t, e, map[string]string{first: "1048576"})
 	if got := gauge(t, r.reg, "cdcrelay_broker_max_message_bytes"); got != 1048576 {

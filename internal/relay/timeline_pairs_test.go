@@ -5,8 +5,6 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -35,20 +33,9 @@ func TestIntegrationFailoverTimelinePairs(t *testing.T) {
 	testenv.RequireMajor(t, 17)
 	ctx := context.Background()
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	link := testenv.MustProxy(t, "127.0.0.1:"+strconv.Itoa(e.pg.Port()))
-	host, port, _ := strings.Cut(link.Addr(), ":")
-	sb := testenv.MustStandby(t, e.pg, testenv.StandbyOptions{Slot: "sb1", Settings: map[string]string{
-		"primary_conninfo": "host=" + host + " port=" + port + " user=postgres dbname=postgres application_name=sb1",
-	}})
-	primary := relaytest.Connect(t, e.dbURL) // StartStandby restarted the primary
+	link, sb, primary := linkedStandby(t, e, nil)
 	oldTimeline := serverTimeline(t, primary)
-
-	r := relaytest.Start(t, relaytest.Config(t, relaytest.Vars(multiHostURL(t, e.relayURL, e.pg.Port(), sb.Port()), e.amqpURL, e.exchange, map[string]string{
-		"SLOT": "cdcrelay_timeline", "SLOT_FAILOVER": "off", "BACKOFF_MIN": "100ms", "BACKOFF_MAX": "1s",
-		"MARK_INTERVAL": "50ms", "LOG_LEVEL": "debug",
-	})), relaytest.InProcessOptions{LogTo: testWriter{t}})
-	t.Cleanup(func() { _ = r.Stop() })
-	r.WaitStreaming(t)
+	startFailoverRelay(t, e, sb, map[string]string{"SLOT": "cdcrelay_timeline", "SLOT_FAILOVER": "off", "LOG_LEVEL": "debug"})
 
 	prod := startProducer(t, multiHostURL(t, e.dbURL, e.pg.Port(), sb.Port()))
 	waitUntil(t, 60*time.Second, "500 events delivered under load", func() bool { return e.consumer.Count() >= 500 })

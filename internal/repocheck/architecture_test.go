@@ -54,10 +54,23 @@ func TestArchitectureCitesRealCode(t *testing.T) {
 func declarations(t *testing.T, dir string) map[string]bool {
 	t.Helper()
 	decl := regexp.MustCompile(`(?m)^(?:func (?:\([^)]*\) )?|type )([A-Za-z_][A-Za-z0-9_]*)`)
+	return declared(t, dir, decl, func(path string) bool { return !strings.HasSuffix(path, "_test.go") })
+}
+
+// declared returns the first group of decl in every Go file under dir that
+// want keeps, skipping .git and node_modules.
+func declared(t *testing.T, dir string, decl *regexp.Regexp, want func(path string) bool) map[string]bool {
+	t.Helper()
 	names := map[string]bool{}
 	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+		if err != nil {
 			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || !want(path) {
+			return nil
 		}
 		src, err := os.ReadFile(path)
 		if err != nil {
@@ -104,28 +117,5 @@ func TestArchitectureNamesRealTests(t *testing.T) {
 func testDeclarations(t *testing.T, dir string) map[string]bool {
 	t.Helper()
 	decl := regexp.MustCompile(`(?m)^func ([A-Za-z_][A-Za-z0-9_]*)\(`)
-	names := map[string]bool{}
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		src, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		for _, m := range decl.FindAllStringSubmatch(string(src), -1) {
-			names[m[1]] = true
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return names
+	return declared(t, dir, decl, func(path string) bool { return strings.HasSuffix(path, "_test.go") })
 }
