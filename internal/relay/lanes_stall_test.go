@@ -41,7 +41,11 @@ func TestIntegrationLanesStallNoRepublish(t *testing.T) {
 	waitAll(t, e.consumer, flowing, 30*time.Second)
 	// Committed once the stall is under way, so that no session's first
 	// burst (published before the return arrives) carries them.
+	first := time.Now().Add(30 * time.Second)
 	for gauge(t, r.reg, "cdcrelay_pipeline_restarts_total") < 1 {
+		if time.Now().After(first) {
+			t.Fatal("the unroutable row did not end a session in 30 s")
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	held, _ := insertTxns(t, e.db, same, 1, 1)
