@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -25,9 +26,10 @@ func TestFormatDelivery(t *testing.T) {
 	}
 }
 
-// TestIntegrationTail: cdcrelay tail binds its own queue with the binding
-// key, prints the messages it matches with their properties, headers and
-// bodies, and exits after -n of them.
+// TestIntegrationTail: cdcrelay tail -route binds its own queue with the
+// binding key, prints the messages it matches with their properties,
+// headers and bodies, and exits after -n of them. It needs no management
+// API, and says that it is a route of its own.
 func TestIntegrationTail(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -38,7 +40,7 @@ func TestIntegrationTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = testenv.DeleteExchange(context.Background(), amqpURL, exchange) })
-	p := testenv.StartProcess(t, builds.Relay(t, true, ""), relayEnviron(pg, amqpURL, exchange), "tail", "-n", "2", "-timeout", "30s", "orders.#")
+	p := testenv.StartProcess(t, builds.Relay(t, true, ""), relayEnviron(pg, amqpURL, exchange), "tail", "-route", "-n", "2", "-timeout", "30s", "orders.#")
 	for !strings.Contains(p.Log.String(), "waiting for messages") {
 		if exited, err := p.Exited(); exited {
 			t.Fatalf("tail exited (%v):\n%s", err, p.Log.String())
@@ -77,5 +79,35 @@ func TestIntegrationTail(t *testing.T) {
 	}
 	if strings.Contains(out, "billing.paid") {
 		t.Errorf("tail printed a message its binding key does not match:\n%s", out)
+	}
+	if !strings.Contains(out, "tail is a route of its own (-route)") {
+		t.Errorf("tail -route did not say that it is a route of its own:\n%s", out)
+	}
+}
+
+// TestTailWithoutManagementURL: without -route, tail needs the management
+// API to copy the bindings, and says so (and names -route) before it
+// connects to anything.
+func TestTailWithoutManagementURL(t *testing.T) {
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "CDCRELAY_") {
+			t.Setenv(name, "")
+		}
+	}
+	t.Setenv("CDCRELAY_DATABASE_URL", "postgres://relay@127.0.0.1:1/db")
+	t.Setenv("CDCRELAY_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")
+	t.Setenv("CDCRELAY_EXCHANGE", "events")
+	var stdout, stderr strings.Builder
+	err := tail(context.Background(), []string{"orders.#"}, &stdout, &stderr)
+	if err == nil {
+		t.Fatal("tail ran without CDCRELAY_AMQP_MANAGEMENT_URL")
+	}
+	for _, want := range []string{"CDCRELAY_AMQP_MANAGEMENT_URL=http://", "-route", `exchange "events"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error lacks %q: %v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "connect to the broker") {
+		t.Errorf("tail dialled the broker before it knew it could not copy the bindings: %v", err)
 	}
 }

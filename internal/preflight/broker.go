@@ -114,10 +114,21 @@ func brokerNodeChecks(ctx context.Context, cfg config.Config, node string, tlsCo
 	version, _ := conn.Properties["version"].(string)
 	product, _ := conn.Properties["product"].(string)
 	fs := []Finding{{Check: checkBroker, Message: fmt.Sprintf("connected to %s (%s %s)", where, product, version)}}
-	fs = append(fs, checkExchangeExists(conn, cfg.Exchange, uri, "CDCRELAY_EXCHANGE"))
+	exists := checkExchangeExists(conn, cfg.Exchange, uri, "CDCRELAY_EXCHANGE")
+	fs = append(fs, exists)
+	var dlx Finding
 	if cfg.DeadLetterExchange != "" {
 		// run checks it at every connect too, and does not start without it.
-		fs = append(fs, checkExchangeExists(conn, cfg.DeadLetterExchange, uri, "CDCRELAY_DEAD_LETTER_EXCHANGE"))
+		dlx = checkExchangeExists(conn, cfg.DeadLetterExchange, uri, "CDCRELAY_DEAD_LETTER_EXCHANGE")
+		fs = append(fs, dlx)
+	}
+	// Permissions on an exchange that exists: a missing one is its own
+	// Error already. The default exchange takes no binding to probe with.
+	if cfg.Exchange != "" && exists.Severity == OK {
+		fs = append(fs, checkWritePermission(conn, uri, cfg.Exchange, "CDCRELAY_EXCHANGE"), checkTailPermissions(conn, uri, cfg.Exchange))
+	}
+	if cfg.DeadLetterExchange != "" && dlx.Severity == OK {
+		fs = append(fs, checkWritePermission(conn, uri, cfg.DeadLetterExchange, "CDCRELAY_DEAD_LETTER_EXCHANGE"))
 	}
 	fs = append(fs, checkBrokerMaxMessageSize(ctx, conn, cfg)) // last: a probe cut off by the deadline ends the connection
 	return nodeResult{findings: fs, connected: true}

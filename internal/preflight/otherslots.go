@@ -183,14 +183,22 @@ func relayApplicationNames(cfg config.Config) []string {
 }
 
 // classifyOtherSlots lists every other logical slot of the database
-// (standby: whether the replication server was looked at too) and warns
-// about each that may be another relay: two relays with different slot
-// names on one outbox (two releases, a copied values file) publish every
-// event twice, and nothing else would say so. A pgoutput slot is suspect
-// when a connection named like a relay (relayApps) streams it, when it
-// streams a publication of the outbox table, or when it is inactive (a
-// relay that is down; it keeps WAL meanwhile). A subscriber of another
-// table, or a slot of another plugin, is listed as OK.
+// (standby: whether the replication server was looked at too, as the slot
+// of this relay is there) and judges each that may be another relay: two
+// relays with different slot names on one outbox (two releases, a copied
+// values file) publish every event twice, and nothing else would say so.
+//
+// A pgoutput slot streamed by a connection named like a relay (relayApps)
+// whose publication covers the outbox is another relay of this outbox: an
+// Error, since this configuration would double every event. Its remedy
+// never says to drop that slot: it is the other relay's, maybe the one in
+// production, and dropping it would cost that relay its position. It says
+// to reuse it (this relay replacing that one) or to fix the copied values.
+// A slot that may be one (named like a relay with a publication the role
+// cannot see, a publication of the outbox under another name, or nothing
+// streaming it now) is a warning; only an inactive one is ever said to be
+// dropped, and only once nothing will stream it again. A subscriber of
+// another table, or a slot of another plugin, is listed as OK.
 func classifyOtherSlots(t target, relayApps []string, standby bool, slots []otherSlot) []Finding {
 	if len(slots) == 0 {
 		where := ""
@@ -225,20 +233,42 @@ func classifyOtherSlots(t target, relayApps []string, standby bool, slots []othe
 			f.Message += ": not a relay (the relay uses pgoutput)"
 		case len(o.pubs) > 0 && !o.coversOutbox:
 			f.Message += ": streams other tables, not this outbox"
+		case relayNamed && o.coversOutbox:
+			f.Severity = Error
+			f.Message += fmt.Sprintf(": another relay streams %s from its own slot; this configuration would publish every event twice, once from each slot", t.qualified())
+			f.Remedy = fmt.Sprintf("if this relay is meant to replace that one, stop the other relay and reuse its slot: CDCRELAY_SLOT=%s%s (this relay then resumes from where that one stopped); otherwise these values were copied from that relay: fix CDCRELAY_SLOT, CDCRELAY_PUBLICATION and CDCRELAY_TABLE to name this relay's own outbox. Keep slot %s: the other relay streams from it",
+				o.name, reuseWhere(o.onStandby, standby), o.name)
 		case relayNamed || o.coversOutbox:
 			f.Severity = Warn
-			f.Message += fmt.Sprintf(": another relay (or subscriber) streams this database; if it relays %s too, every event is published twice, once from each slot", t.qualified())
-			f.Remedy = fmt.Sprintf("if it is a second release or a copied values file for the same outbox, keep one relay: stop the other and drop its slot (SELECT pg_drop_replication_slot('%s');%s); a relay of another table of this database is fine", o.name, there)
+			if relayNamed {
+				f.Message += fmt.Sprintf(": another relay streams this database; its publication is not visible to role %s (it needs pg_read_all_stats to see it), so whether it relays %s is not known; if it does, every event is published twice, once from each slot", t.role, t.qualified())
+			} else {
+				f.Message += fmt.Sprintf(": something not named like a relay streams a publication of %s: a logical replica of the table is fine; if it is another relay of this outbox, every event is published twice, once from each slot", t.qualified())
+			}
+			f.Remedy = fmt.Sprintf("find its owner (docs/runbook.md#cdcrelayotherrelayondatabase); if it relays this outbox and this relay is meant to replace it, stop it and reuse its slot: CDCRELAY_SLOT=%s%s; if these values were copied from it, fix CDCRELAY_SLOT, CDCRELAY_PUBLICATION and CDCRELAY_TABLE; a relay of another table of this database, or a replica, is fine. Keep slot %s while something streams it",
+				o.name, reuseWhere(o.onStandby, standby), o.name)
 		case !o.active:
 			f.Severity = Warn
 			f.Message += fmt.Sprintf(": nothing streams it now; if it belongs to a stopped relay of %s, starting that relay publishes every event again from its slot, and meanwhile the slot keeps WAL", t.qualified())
-			f.Remedy = fmt.Sprintf("if nothing will stream it again, drop it: SELECT pg_drop_replication_slot('%s');%s", o.name, there)
+			f.Remedy = fmt.Sprintf("find its owner first; if this relay replaces a stopped relay of this outbox, reuse its slot (CDCRELAY_SLOT=%s%s) rather than making a second one; once you know nothing will stream it again, drop it: SELECT pg_drop_replication_slot('%s');%s", o.name, reuseWhere(o.onStandby, standby), o.name, there)
 		default:
 			f.Message += ": streamed by another application (a subscriber?)"
 		}
 		fs = append(fs, f)
 	}
 	return fs
+}
+
+// reuseWhere says, for a remedy reusing another slot, on which server this
+// relay must then stream: the slot stays where it is.
+func reuseWhere(slotOnStandby, relayOnStandby bool) string {
+	switch {
+	case slotOnStandby:
+		return ", with CDCRELAY_REPLICATION_URL on the replication server it is on"
+	case relayOnStandby:
+		return ", streamed from the primary: without CDCRELAY_REPLICATION_URL"
+	}
+	return ""
 }
 
 // otherSlotsCheck judges the database's other logical slots, on the

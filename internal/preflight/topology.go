@@ -3,11 +3,8 @@ package preflight
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 	"regexp"
 	"slices"
@@ -16,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/cdcrelay/cdcrelay/internal/brokerapi"
 	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
@@ -25,7 +23,7 @@ const checkTopology = "topology"
 
 // managementURLVariable is the optional setting that lets check read
 // bindings, queue arguments and policies through the management API.
-const managementURLVariable = config.Prefix + "AMQP_MANAGEMENT_URL"
+const managementURLVariable = brokerapi.Variable
 
 // managementURL is the management API URL check uses: the one seam between
 // the checks and where the setting comes from.
@@ -78,13 +76,28 @@ func topologyChecks(ctx context.Context, cfg config.Config, mgmtURL string, opts
 	if err := api.get(ctx, &map[string]any{}, "whoami"); err != nil {
 		return scrubManagement([]Finding{unchecked(fmt.Sprintf("bindings and queue limits on vhost %q", uri.Vhost), err)}, mgmtURL)
 	}
+	g := newRouteGraph()
+	var starts []string
+	for _, ex := range []string{cfg.Exchange, cfg.DeadLetterExchange} {
+		if ex != "" {
+			starts = append(starts, ex)
+		}
+	}
+	if err := api.extendRouteGraph(ctx, g, uri.Vhost, starts...); err != nil {
+		return scrubManagement([]Finding{unchecked(fmt.Sprintf("the bindings of exchanges %q on vhost %q", starts, uri.Vhost), err)}, mgmtURL)
+	}
 	var fs []Finding
 	if cfg.DeadLetterExchange != "" {
-		if f, ok := api.checkDeadLetterRoutes(ctx, uri.Vhost, cfg.DeadLetterExchange); ok {
+		if f, ok := checkDeadLetterRoutes(g, uri.Vhost, cfg.DeadLetterExchange); ok {
 			fs = append(fs, f)
 		}
 	}
-	fs = append(fs, api.checkQueueOverflow(ctx, uri.Vhost, cfg.Exchange)...)
+	queues, truncated := g.queues(cfg.Exchange, maxBoundQueues)
+	if f, ok := checkExchangeRoutes(g, uri.Vhost, cfg.Exchange, cfg.Unroutable, queues); ok {
+		fs = append(fs, f)
+	}
+	fs = append(fs, api.checkRecentKeys(ctx, g, cfg, uri.Vhost, opts)...)
+	fs = append(fs, api.checkQueueOverflow(ctx, g, uri.Vhost, cfg.Exchange, queues, truncated)...)
 	return scrubManagement(fs, mgmtURL)
 }
 
@@ -110,105 +123,37 @@ func scrubManagement(fs []Finding, mgmtURL string) []Finding {
 	})
 }
 
-// managementAPI is a client of RabbitMQ's management HTTP API.
-type managementAPI struct {
-	base       string // scheme://host:port[/path_prefix], without the credentials
-	where      string // the URL redacted, for messages
-	user, pass string
-	client     *http.Client
-}
+// managementAPI is the topology checks' client of the management API.
+type managementAPI struct{ *brokerapi.Client }
 
 func newManagementAPI(cfg config.Config, raw string) (*managementAPI, error) {
-	u, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil {
-		return nil, errors.New("not a valid URL") // url.Error quotes the URL, password included
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("want http:// or https://host:port, got scheme %q", u.Scheme)
-	}
-	api := &managementAPI{where: config.Redact(raw), client: &http.Client{}}
-	if u.User != nil {
-		api.user = u.User.Username()
-		api.pass, _ = u.User.Password()
-	}
-	if u.Scheme == "https" {
-		// The management listener is usually signed by the CA the AMQP
-		// listener is; the client certificate goes along for brokers that
-		// require one on both.
-		tc, err := cfg.AMQPTLS()
-		if err != nil {
+	var tc *tls.Config
+	if u, err := url.Parse(strings.TrimSpace(raw)); err == nil && u.Scheme == "https" {
+		var err error
+		if tc, err = cfg.AMQPTLS(); err != nil {
 			return nil, fmt.Errorf("TLS files: %w", err)
 		}
-		if tc == nil {
-			tc = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
-		api.client.Transport = &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment}
 	}
-	u.User, u.RawQuery, u.Fragment = nil, "", ""
-	api.base = strings.TrimSuffix(u.String(), "/")
-	return api, nil
+	c, err := brokerapi.New(raw, config.Redact(raw), tc)
+	if err != nil {
+		return nil, err
+	}
+	return &managementAPI{c}, nil
 }
 
 // errNotFound is a 404: the vhost, exchange or queue does not exist.
-var errNotFound = errors.New("not found")
+var errNotFound = brokerapi.ErrNotFound
 
-// get decodes the JSON answer to GET base/api/<segments…>, each segment
-// path-escaped (a vhost "/" is %2F).
+// get is brokerapi.Client.Get.
 func (a *managementAPI) get(ctx context.Context, out any, segments ...string) error {
-	path := "/api"
-	for _, s := range segments {
-		path += "/" + url.PathEscape(s)
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+path, nil)
-	if err != nil {
-		return fmt.Errorf("GET %s: %w", path, err)
-	}
-	if a.user != "" {
-		req.SetBasicAuth(a.user, a.pass)
-	}
-	resp, err := a.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("GET %s from %s: %w", path, a.where, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	switch {
-	case resp.StatusCode == http.StatusNotFound:
-		return fmt.Errorf("GET %s: %w", path, errNotFound)
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		return fmt.Errorf("GET %s from %s: %s: the user needs the management or monitoring tag and access to the vhost", path, a.where, resp.Status)
-	case resp.StatusCode != http.StatusOK:
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
-		return fmt.Errorf("GET %s from %s: %s %s", path, a.where, resp.Status, strings.TrimSpace(string(body)))
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("GET %s from %s: decode the answer (is it the management API?): %w", path, a.where, err)
-	}
-	return nil
+	return a.Get(ctx, out, segments...)
 }
 
-// binding is one entry of /api/exchanges/<vhost>/<name>/bindings/source.
-type binding struct {
-	Destination     string `json:"destination"`
-	DestinationType string `json:"destination_type"` // "queue" or "exchange"
-	RoutingKey      string `json:"routing_key"`
-}
-
-// exchangeInfo is the part of /api/exchanges/<vhost>/<name> check reads.
-type exchangeInfo struct {
-	Arguments map[string]any `json:"arguments"`
-	Policy    string         `json:"policy"`
-}
-
-// queueInfo is the part of /api/queues/<vhost>/<name> check reads.
-type queueInfo struct {
-	Name      string         `json:"name"`
-	Type      string         `json:"type"`
-	Arguments map[string]any `json:"arguments"`
-	// EffectivePolicyDefinition is the policy and operator policy merged,
-	// as the queue applies them.
-	EffectivePolicyDefinition map[string]any `json:"effective_policy_definition"`
-	Policy                    string         `json:"policy"`
-}
+type (
+	binding      = brokerapi.Binding
+	exchangeInfo = brokerapi.Exchange
+	queueInfo    = brokerapi.Queue
+)
 
 // unchecked is the finding for a topology check the API did not answer.
 func unchecked(what string, err error) Finding {
@@ -216,58 +161,48 @@ func unchecked(what string, err error) Finding {
 		Remedy: "check " + managementURLVariable + " (the management plugin's URL, a user with the monitoring tag and access to the vhost), or unset it to skip these checks"}
 }
 
-// checkDeadLetterRoutes warns when the dead-letter exchange has no binding:
-// the relay publishes a parked row's copy there with mandatory set, the
-// broker returns it, and the copy is lost (the row itself stays parked).
-// ok is false when the exchange does not exist, which the exchange check
+// checkDeadLetterRoutes warns when the dead-letter exchange reaches no
+// queue (no binding, and no alternate exchange that leads to one): the
+// relay publishes a parked row's copy there with mandatory set, the broker
+// returns it, and the copy is lost (the row itself stays parked). ok is
+// false when the exchange does not exist, which the exchange check
 // already reports as an Error.
-func (a *managementAPI) checkDeadLetterRoutes(ctx context.Context, vhost, dlx string) (f Finding, ok bool) {
-	what := fmt.Sprintf("the bindings of dead-letter exchange %q", dlx)
-	var bs []binding
-	if err := a.get(ctx, &bs, "exchanges", vhost, dlx, "bindings", "source"); err != nil {
-		if errors.Is(err, errNotFound) {
-			return Finding{}, false
+func checkDeadLetterRoutes(g *routeGraph, vhost, dlx string) (f Finding, ok bool) {
+	n := g.exchanges[dlx]
+	if n == nil || n.missing {
+		return Finding{}, false
+	}
+	if queues, _ := g.queues(dlx, 1); len(queues) > 0 {
+		if len(n.bindings) > 0 {
+			return Finding{Check: checkTopology, Message: fmt.Sprintf("dead-letter exchange %q has %d binding(s)", dlx, len(n.bindings))}, true
 		}
-		return unchecked(what, err), true
-	}
-	if len(bs) > 0 {
-		return Finding{Check: checkTopology, Message: fmt.Sprintf("dead-letter exchange %q has %d binding(s)", dlx, len(bs))}, true
-	}
-	var ex exchangeInfo
-	if err := a.get(ctx, &ex, "exchanges", vhost, dlx); err != nil {
-		return unchecked(what, err), true
-	}
-	if ae, _ := ex.Arguments["alternate-exchange"].(string); ae != "" {
-		return Finding{Check: checkTopology, Message: fmt.Sprintf("dead-letter exchange %q has no binding but an alternate exchange (%q) takes what it cannot route", dlx, ae)}, true
+		return Finding{Check: checkTopology, Message: fmt.Sprintf("dead-letter exchange %q has no binding but an alternate exchange (%q) takes what it cannot route", dlx, n.alternate)}, true
 	}
 	return Finding{Check: checkTopology, Severity: Warn,
-		Message: fmt.Sprintf("dead-letter exchange %q (CDCRELAY_DEAD_LETTER_EXCHANGE) has no binding: the copy of a parked poison row published there (with the row's routing key) is returned and lost, counted in cdcrelay_dead_letter_failures_total; the row stays parked in the table", dlx),
+		Message: fmt.Sprintf("dead-letter exchange %q (CDCRELAY_DEAD_LETTER_EXCHANGE) %s: the copy of a parked poison row published there (with the row's routing key) is returned and lost, counted in cdcrelay_dead_letter_failures_total; the row stays parked in the table", dlx, noQueueReason(g, dlx)),
 		Remedy: fmt.Sprintf("bind a queue to it for every routing key, e.g. rabbitmqadmin -V %s declare queue name=%s.parked durable=true, then rabbitmqadmin -V %s declare binding source=%s destination=%s.parked routing_key='#' (a topic exchange), or the same in your broker definitions",
 			vhost, dlx, vhost, dlx, dlx)}, true
 }
 
-// checkQueueOverflow walks from exchange through its bindings (and
-// exchange-to-exchange bindings) to the queues it feeds and warns for each
-// one with a length limit that drops the oldest message when full: the
-// broker acks the relay's publish, so the relay moves on, and an event the
-// consumer has not read yet is gone.
-func (a *managementAPI) checkQueueOverflow(ctx context.Context, vhost, exchange string) []Finding {
+// checkQueueOverflow warns for each queue the relay's exchange feeds
+// (queues, from routeGraph.queues: through exchange-to-exchange bindings
+// and alternate exchanges too; truncated when there were more) with a
+// length limit that drops the oldest message when full: the broker acks
+// the relay's publish, so the relay moves on, and an event the consumer
+// has not read yet is gone.
+func (a *managementAPI) checkQueueOverflow(ctx context.Context, g *routeGraph, vhost, exchange string, queues []string, truncated bool) []Finding {
 	if exchange == "" {
 		// The default exchange routes to the queue a routing key names; which
 		// queues those are depends on the rows.
 		return []Finding{{Check: checkTopology, Message: "queue length limits not checked: CDCRELAY_EXCHANGE is the default exchange, whose queues are the routing keys"}}
 	}
-	queues, truncated, err := a.boundQueues(ctx, vhost, exchange)
-	if errors.Is(err, errNotFound) {
-		return nil // the exchange check reports it
-	}
-	if err != nil {
-		return []Finding{unchecked(fmt.Sprintf("the queues bound to exchange %q", exchange), err)}
+	if n := g.exchanges[exchange]; n == nil || n.missing || len(queues) == 0 {
+		return nil // the exchange check, or checkExchangeRoutes, reports it
 	}
 	var fs []Finding
 	for _, name := range queues {
-		var q queueInfo
-		if err := a.get(ctx, &q, "queues", vhost, name); err != nil {
+		q, err := a.Queue(ctx, vhost, name)
+		if err != nil {
 			if errors.Is(err, errNotFound) {
 				continue // deleted since the bindings were read
 			}
@@ -282,46 +217,7 @@ func (a *managementAPI) checkQueueOverflow(ctx context.Context, vhost, exchange 
 	if truncated {
 		summary += fmt.Sprintf(" (the first %d; more are bound)", maxBoundQueues)
 	}
-	if len(queues) == 0 {
-		summary = fmt.Sprintf("no queue is bound to exchange %q: the relay's publishes are returned and retried until one is", exchange)
-	}
 	return append([]Finding{{Check: checkTopology, Message: summary}}, fs...)
-}
-
-// boundQueues lists the queues exchange routes to, through
-// exchange-to-exchange bindings too, each once and sorted, at most
-// maxBoundQueues of them (truncated says there were more).
-func (a *managementAPI) boundQueues(ctx context.Context, vhost, exchange string) (queues []string, truncated bool, err error) {
-	seenQueue := map[string]bool{}
-	seenExchange := map[string]bool{exchange: true}
-	todo := []string{exchange}
-	for len(todo) > 0 {
-		ex := todo[0]
-		todo = todo[1:]
-		var bs []binding
-		if err := a.get(ctx, &bs, "exchanges", vhost, ex, "bindings", "source"); err != nil {
-			if ex != exchange && errors.Is(err, errNotFound) {
-				continue // a destination exchange deleted meanwhile
-			}
-			return nil, false, err
-		}
-		for _, b := range bs {
-			switch {
-			case b.DestinationType == "exchange" && !seenExchange[b.Destination] && len(seenExchange) < maxExchangeHops:
-				seenExchange[b.Destination] = true
-				todo = append(todo, b.Destination)
-			case b.DestinationType == "queue" && !seenQueue[b.Destination]:
-				if len(seenQueue) == maxBoundQueues {
-					truncated = true
-					continue
-				}
-				seenQueue[b.Destination] = true
-				queues = append(queues, b.Destination)
-			}
-		}
-	}
-	slices.Sort(queues)
-	return queues, truncated, nil
 }
 
 // overflowFinding judges one queue's length limit. A limit comes from the

@@ -57,11 +57,13 @@ func TestOverflowFinding(t *testing.T) {
 func TestTopologyChecksFakeAPI(t *testing.T) {
 	const password = "Mgmt-Fake-Secret-3c1"
 	answers := map[string]any{
-		"/api/whoami": map[string]any{"name": "monitor"},
+		"/api/whoami":                               map[string]any{"name": "monitor"},
+		"/api/exchanges/%2F/events":                 exchangeInfo{Name: "events", Type: "topic"},
+		"/api/exchanges/%2F/fanout":                 exchangeInfo{Name: "fanout", Type: "fanout"},
 		"/api/exchanges/%2F/events/bindings/source": []binding{{Destination: "fanout", DestinationType: "exchange"}, {Destination: "plain", DestinationType: "queue"}},
 		"/api/exchanges/%2F/fanout/bindings/source": []binding{{Destination: "capped", DestinationType: "queue"}, {Destination: "events", DestinationType: "exchange"}},
 		"/api/exchanges/%2F/dlx/bindings/source":    []binding{},
-		"/api/exchanges/%2F/dlx":                    exchangeInfo{},
+		"/api/exchanges/%2F/dlx":                    exchangeInfo{Name: "dlx", Type: "topic"},
 		"/api/queues/%2F/plain":                     queueInfo{Name: "plain"},
 		"/api/queues/%2F/capped":                    queueInfo{Name: "capped", Arguments: map[string]any{"x-max-length": 3.0}},
 	}

@@ -13,7 +13,7 @@ import (
 // TestIntegrationSecondRelayOnDatabase: two relays with slots a and b on
 // one outbox (two releases, a copied values file) publish every event
 // twice. Neither is silent: cdcrelay check for a names slot b as another
-// relay, and each running relay's monitor logs the other's slot and
+// relay, an error whose remedy reuses slot b and never drops it, and each running relay's monitor logs the other's slot and
 // exports cdcrelay_other_relay_slots = 1.
 func TestIntegrationSecondRelayOnDatabase(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
@@ -28,15 +28,16 @@ func TestIntegrationSecondRelayOnDatabase(t *testing.T) {
 	fs := preflight.Run(context.Background(), e.config(fast("a")), preflight.Options{Timeout: 10 * time.Second})
 	found := false
 	for _, f := range fs {
-		if f.Check == "other_slots" && f.Severity == preflight.Warn && strings.HasPrefix(f.Message, "slot b (plugin pgoutput, active") &&
-			strings.Contains(f.Message, "another relay") {
+		if f.Check == "other_slots" && f.Severity == preflight.Error && strings.HasPrefix(f.Message, "slot b (plugin pgoutput, active") &&
+			strings.Contains(f.Message, "another relay streams public.event_outbox from its own slot; this configuration would publish every event twice") &&
+			strings.Contains(f.Remedy, "reuse its slot: CDCRELAY_SLOT=b (") && !strings.Contains(f.Remedy, "pg_drop_replication_slot") {
 			found = true
 		}
 	}
 	if !found {
 		var out strings.Builder
 		preflight.Write(&out, fs)
-		t.Fatalf("check for slot a does not warn about slot b:\n%s", out.String())
+		t.Fatalf("check for slot a does not report slot b as an error (reuse it, never drop it):\n%s", out.String())
 	}
 
 	for _, r := range []struct {
