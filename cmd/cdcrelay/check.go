@@ -28,7 +28,10 @@ func check(ctx context.Context, stdout, _ io.Writer) error {
 }
 
 // configFindings reports the CDCRELAY_* variables run would warn about
-// and ignore, as a warning: the relay still starts.
+// and ignore. run still starts with them, but for check, the deploy gate,
+// they are an error: a misspelt variable leaves its setting at the
+// default (CDCRELAY_EXCHANGES publishes to the default exchange), which a
+// warning under an exit status of 0 lets through.
 func configFindings(environ []string) []preflight.Finding {
 	unknown := unknownVariables(environ)
 	if len(unknown) == 0 {
@@ -38,7 +41,7 @@ func configFindings(environ []string) []preflight.Finding {
 	for i, u := range unknown {
 		names[i] = u.String()
 	}
-	return []preflight.Finding{{Check: "configuration", Severity: preflight.Warn,
-		Message: "unknown variables, ignored (their settings stay at the default): " + strings.Join(names, ", "),
+	return []preflight.Finding{{Check: "configuration", Severity: preflight.Error,
+		Message: "unknown variables, which run ignores (their settings stay at the default): " + strings.Join(names, ", "),
 		Remedy:  "fix or remove them; docs/configuration.md lists every variable"}}
 }

@@ -52,7 +52,7 @@ func TestWarnUnknown(t *testing.T) {
 
 func TestConfigFindings(t *testing.T) {
 	fs := configFindings([]string{"CDCRELAY_POISSON=stop"})
-	if len(fs) != 1 || fs[0].Severity != preflight.Warn || !strings.Contains(fs[0].Message, "CDCRELAY_POISSON (did you mean CDCRELAY_POISON?)") {
+	if len(fs) != 1 || fs[0].Severity != preflight.Error || !strings.Contains(fs[0].Message, "CDCRELAY_POISSON (did you mean CDCRELAY_POISON?)") {
 		t.Fatalf("findings %+v", fs)
 	}
 	fs = configFindings([]string{"CDCRELAY_POISON=stop"})

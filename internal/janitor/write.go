@@ -64,13 +64,37 @@ func (j *Janitor) tag(ctx context.Context, db *pgx.Conn) error {
 	}
 	if !j.originNoted {
 		j.originNoted = true
-		if on {
-			j.log.Info("marks carry a replication origin: the walsender skips them undecoded", "origin", j.opts.Origin)
-		} else {
-			j.log.Info("marks carry no replication origin (PostgreSQL before 16, or no grant to use origins): the walsender decodes them and throws them away", "remedy", "docs/least-privilege.md")
+		version := 0
+		if !on {
+			// Which of the two reasons: only a missing grant has a remedy.
+			if err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+				return fmt.Errorf("read server_version_num: %w", err)
+			}
 		}
+		msg, attrs := originNotice(on, version, j.opts.Origin)
+		j.log.Info(msg, attrs...)
 	}
 	return nil
+}
+
+// originVersion is the first server_version_num with replication origins
+// the walsender filters by (pgoutput's origin option).
+const originVersion = 160000
+
+// originNotice is the start-up line saying whether the marks carry a
+// replication origin; version is server_version_num, read when they do
+// not. Before PostgreSQL 16 there is nothing to change, so no remedy: a
+// line pointing at one there sends operators after a grant that cannot
+// help.
+func originNotice(on bool, version int, origin string) (string, []any) {
+	switch {
+	case on:
+		return "marks carry a replication origin: the walsender skips them undecoded", []any{"origin", origin}
+	case version < originVersion:
+		return "marks carry no replication origin: PostgreSQL before 16 cannot skip them by origin, so the walsender decodes them and throws them away (expected; nothing to change)", nil
+	default:
+		return "marks carry no replication origin: the role may not use origins, so the walsender decodes them and throws them away", []any{"remedy", "docs/least-privilege.md"}
+	}
 }
 
 func (j *Janitor) closeDB() {

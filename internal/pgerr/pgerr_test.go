@@ -18,7 +18,9 @@ import (
 
 // TestIntegrationConnectLeadsWithTheCause connects with the default sslmode=prefer
 // to a real server without TLS: a wrong password and a missing database
-// must be reported first, the TLS refusal after, and the SQLSTATE kept.
+// must be reported alone, without the TLS refusal that has nothing to do
+// with them, and the SQLSTATE kept; a pg_hba.conf that wants TLS from a
+// server without it keeps the refusal, which is then the story.
 func TestIntegrationConnectLeadsWithTheCause(t *testing.T) {
 	pg := testenv.MustPostgres(t, testenv.PostgresOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -31,9 +33,12 @@ func TestIntegrationConnectLeadsWithTheCause(t *testing.T) {
 	if _, err := admin.Exec(ctx, `CREATE ROLE pgerr_user LOGIN PASSWORD 'right-password'`); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := admin.Exec(ctx, `CREATE ROLE pgerr_tls LOGIN`); err != nil {
+		t.Fatal(err)
+	}
 	// initdb's trust for everyone would accept any password: ask this
 	// role for one over TCP.
-	hba := "local all all trust\nhost all pgerr_user 127.0.0.1/32 scram-sha-256\nhost all all 127.0.0.1/32 trust\n"
+	hba := "local all all trust\nhost all pgerr_user 127.0.0.1/32 scram-sha-256\nhostnossl all pgerr_tls 127.0.0.1/32 reject\nhost all all 127.0.0.1/32 trust\n"
 	if err := os.WriteFile(filepath.Join(pg.DataDir(), "pg_hba.conf"), []byte(hba), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -69,10 +74,10 @@ func TestIntegrationConnectLeadsWithTheCause(t *testing.T) {
 			err := Connect(raw)
 			msg := err.Error()
 			t.Logf("pgconn: %v\nreported: %v", raw, msg)
-			first := strings.Index(msg, tc.cause)
-			// One line, the cause first, the TLS refusal mentioned after it.
-			if first < 0 || strings.Contains(msg, "\n") || strings.Index(msg, "TLS") < first {
-				t.Fatalf("the cause %q does not lead:\n%s", tc.cause, msg)
+			// One line, the cause, and no word of TLS: the server has
+			// none, and the failure is not about it.
+			if !strings.Contains(msg, tc.cause) || strings.Contains(msg, "\n") || strings.Contains(msg, "TLS") {
+				t.Fatalf("the cause %q is not reported alone:\n%s", tc.cause, msg)
 			}
 			var pgErr *pgconn.PgError
 			var ce *pgconn.ConnectError
@@ -85,6 +90,18 @@ func TestIntegrationConnectLeadsWithTheCause(t *testing.T) {
 		})
 	}
 
+	t.Run("pg_hba wants TLS the server lacks", func(t *testing.T) {
+		raw := connect(ctx, t, prefer("pgerr_tls", "", "postgres"))
+		err := Connect(raw)
+		msg := err.Error()
+		if !strings.Contains(msg, "no encryption") || !strings.Contains(msg, "the server refused it: it has TLS off") {
+			t.Fatalf("the refusal is the story here and is not told:\n%s", msg)
+		}
+		d := Diagnose(err, "CDCRELAY_DATABASE_URL")
+		if !d.Operator || !strings.Contains(d.Remedy, "turn ssl on in postgresql.conf") {
+			t.Fatalf("Diagnose = %+v", d)
+		}
+	})
 	t.Run("one attempt unchanged", func(t *testing.T) {
 		u, err := url.Parse(pg.URL("postgres")) // sslmode=disable: one attempt
 		if err != nil {

@@ -70,10 +70,13 @@ func TestIntegrationCheckBinary(t *testing.T) {
 			t.Fatalf("exit %d", code)
 		}
 	})
+	// check is the deploy gate: a typo'd variable, which run ignores with
+	// a warning, fails it.
 	t.Run("unknown variable", func(t *testing.T) {
-		code, stdout, _ := runWith(t, newFixture(t, pg, amqpURL), map[string]string{"POISSON": "stop"}, "check")
-		if code != 0 || !strings.Contains(stdout, "WARN   configuration") || !strings.Contains(stdout, "CDCRELAY_POISSON (did you mean CDCRELAY_POISON?)") {
-			t.Fatalf("exit %d, want 0 with a configuration warning naming CDCRELAY_POISSON", code)
+		code, stdout, stderr := runWith(t, newFixture(t, pg, amqpURL), map[string]string{"POISSON": "stop"}, "check")
+		if code != 1 || !strings.Contains(stdout, "ERROR  configuration") || !strings.Contains(stdout, "CDCRELAY_POISSON (did you mean CDCRELAY_POISON?)") ||
+			!strings.Contains(stderr, "cdcrelay: check: 1 error(s)") {
+			t.Fatalf("exit %d, want 1 with a configuration error naming CDCRELAY_POISSON, its only error", code)
 		}
 	})
 	t.Run("every configuration problem at once", func(t *testing.T) {

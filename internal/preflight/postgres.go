@@ -7,7 +7,6 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
@@ -65,7 +64,12 @@ func connectPrimary(ctx context.Context, cfg config.Config, opts Options, t *tar
 			Remedy: "use postgres://user:password@host:5432/database or host=… dbname=… user=…"}}
 	}
 	if err != nil {
-		return nil, []Finding{connectFailed(checkDatabase, where, err)}
+		// The broker's checks still run (Run); the database's need this
+		// connection, and saying so keeps "1 error, … ok" from reading as
+		// a clean database.
+		f := connectFailed(checkDatabase, where, err)
+		f.Message += " (the other database checks need this connection and did not run)"
+		return nil, []Finding{f}
 	}
 	var version string
 	var inRecovery bool
@@ -134,37 +138,24 @@ func newTarget(cfg config.Config) (target, error) {
 	}, nil
 }
 
-// connectFailed turns pgconnect's connection error into a finding whose
-// remedy fits the cause. where is the redacted URL: it names the server,
-// so the message drops pgconnect's "connect <role>: " and gives the error
-// under it, which has been through pgerr.Connect already (applying that
-// twice would repeat its remedy).
+// connectFailed turns pgconnect's connection error to CDCRELAY_DATABASE_URL
+// into a finding (connectFailedTo).
 func connectFailed(check, where string, err error) Finding {
+	return connectFailedTo(check, where, "CDCRELAY_DATABASE_URL", err)
+}
+
+// connectFailedTo turns pgconnect's connection error into a finding whose
+// remedy fits the cause (pgerr.Diagnose, which the relay's wait as
+// needs_operator uses too) and names setting, the variable of the URL.
+// where is the redacted URL: it names the server, so the message drops
+// pgconnect's "connect <role>: " and gives the error under it, which has
+// been through pgerr.Connect already (applying that twice would repeat its
+// remedy).
+func connectFailedTo(check, where, setting string, err error) Finding {
 	cause := err
 	if inner := errors.Unwrap(err); inner != nil {
 		cause = inner
 	}
-	f := Finding{Check: check, Severity: Error, Message: fmt.Sprintf("cannot connect to %s: %v", where, cause)}
-	var pgErr *pgconn.PgError
-	code := ""
-	if errors.As(err, &pgErr) {
-		code = pgErr.Code
-	}
-	switch code {
-	case pgerr.InvalidPassword:
-		f.Remedy = "check the user and password in CDCRELAY_DATABASE_URL"
-	case pgerr.InvalidAuthorizationSpec:
-		f.Remedy = "allow this user, database and address in pg_hba.conf, then SELECT pg_reload_conf();"
-	case pgerr.InvalidCatalogName:
-		f.Remedy = "check the database name in CDCRELAY_DATABASE_URL"
-	case pgerr.InsufficientPrivilege:
-		f.Remedy = "grant the role LOGIN and CONNECT on the database"
-	case pgerr.TooManyConnections:
-		f.Remedy = "the server is out of connection slots: raise max_connections or lower other clients' pools"
-	case "":
-		f.Remedy = "check that PostgreSQL runs and is reachable at the host and port in CDCRELAY_DATABASE_URL (firewall, DNS, sslmode)"
-	default:
-		f.Remedy = "see the server log for SQLSTATE " + code
-	}
-	return f
+	return Finding{Check: check, Severity: Error, Message: fmt.Sprintf("cannot connect to %s: %v", where, cause),
+		Remedy: pgerr.Diagnose(err, setting).Remedy}
 }

@@ -40,7 +40,7 @@ func replicationConnection(ctx context.Context, cfg config.Config, opts Options,
 		return f
 	}
 	if err != nil {
-		f = connectFailed(checkReplConn, "the database in replication mode", err)
+		f = connectFailedTo(checkReplConn, "the database in replication mode", name, err)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == pgerr.InsufficientPrivilege {
 			f.Remedy = fmt.Sprintf("ALTER ROLE %s REPLICATION;", quoteIdent(t.role))

@@ -13,13 +13,28 @@ func loadSlot(ctx context.Context, s *session) {
 }
 
 // slotCheck judges the slot as the relay does and, when it does not exist
-// yet, what its creation waits for.
-func slotCheck(_ context.Context, s *session) []Finding {
+// yet, what its creation waits for. An active slot is looked at further:
+// a holder that is not a relay is an error of its own (ForeignHolder),
+// where a relay holding it is what a hot standby waits for.
+func slotCheck(ctx context.Context, s *session) []Finding {
 	if s.slotErr != nil {
 		return []Finding{failed(checkSlot, "read replication slot "+s.t.slot, s.slotErr)}
 	}
 	sl := s.slot
 	sl.publicationMissing = !s.pub.Exists
 	sl.noReplication = s.roleErr.ok() && !s.role.super && !s.role.replication && !s.role.rdsReplication
-	return []Finding{classifySlot(s.t, sl)}
+	f := classifySlot(s.t, sl)
+	if !sl.Active || sl.Lost {
+		return []Finding{f}
+	}
+	h, held, err := slot.ReadHolder(ctx, s.ss.db, s.t.slot)
+	switch {
+	case err != nil:
+		return []Finding{f, failed(checkSlot, "read the holder of replication slot "+s.t.slot, err)}
+	case !held || IsRelay(s.cfg, h):
+		return []Finding{f}
+	case f.Severity == Error:
+		return []Finding{f, ForeignHolder(s.t.slot, h)}
+	}
+	return []Finding{ForeignHolder(s.t.slot, h)}
 }

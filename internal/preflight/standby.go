@@ -35,7 +35,7 @@ func connectStandby(ctx context.Context, cfg config.Config, opts Options) (*pgx.
 			Remedy: "use postgres://user:password@standby:5432/database"}}
 	}
 	if err != nil {
-		return nil, []Finding{connectFailed(checkStandby, where, err)}
+		return nil, []Finding{connectFailedTo(checkStandby, where, "CDCRELAY_REPLICATION_URL", err)}
 	}
 	return sdb, nil
 }

@@ -31,6 +31,7 @@ func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgCon
 	if err != nil {
 		return 0, err
 	}
+	r.madeBy(created)
 	// A new slot is a new stream: no place remembered of the old one
 	// applies. The careful window after a refusal is kept (it is about the
 	// broker): a backlog row the broker refused is then published alone

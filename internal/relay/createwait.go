@@ -57,6 +57,10 @@ func (r *Relay) degraded() string {
 // and `kubectl describe`.
 const retryDetailMax = 200
 
+// operatorDetailMax bounds the status of a relay that needs an operator:
+// the problem and the whole remedy.
+const operatorDetailMax = 3 * retryDetailMax
+
 // retryDetail is the status detail while the relay backs off after a
 // failed session: the error that ended it, so /readyz says what the relay
 // waits for (docs/runbook.md). Both URLs and their passwords are scrubbed
@@ -71,8 +75,10 @@ func (r *Relay) retryDetail(err error) (Reason, string) {
 	}
 	var op *OperatorError
 	if errors.As(err, &op) {
-		// The remedy is the point: room for it whole.
-		reason, prefix, msg, most = ReasonNeedsOperator, "needs an operator: ", op.Problem+"; "+op.Remedy, 2*retryDetailMax
+		// The remedy is the point: room for it whole, after a problem
+		// that may quote the server (a pg_hba.conf line's host, user and
+		// database).
+		reason, prefix, msg, most = ReasonNeedsOperator, "needs an operator: ", op.Problem+"; "+op.Remedy, operatorDetailMax
 	}
 	return reason, prefix + r.statusLine(msg, most)
 }

@@ -65,8 +65,12 @@ func TestIsFatal(t *testing.T) {
 	}{
 		{"nil", nil, false},
 		{"plain", errors.New("connection reset by peer"), false},
-		{"invalid password", &pgconn.PgError{Code: pgerr.InvalidPassword}, true},
-		{"invalid authorization", fmt.Errorf("connect: %w", &pgconn.PgError{Code: pgerr.InvalidAuthorizationSpec}), true},
+		// A password or pg_hba.conf waits for an operator (classify,
+		// TestClassify), retried so that the fix heals it without a
+		// restart: never fatal, bare or as an OperatorError.
+		{"invalid password", &pgconn.PgError{Code: pgerr.InvalidPassword}, false},
+		{"invalid authorization", fmt.Errorf("connect: %w", &pgconn.PgError{Code: pgerr.InvalidAuthorizationSpec}), false},
+		{"invalid password, needs an operator", fmt.Errorf("session: %w", &OperatorError{Problem: "p", Remedy: "r", Err: &pgconn.PgError{Code: pgerr.InvalidPassword}}), false},
 		{"admin shutdown", &pgconn.PgError{Code: pgerr.AdminShutdown}, false},
 		{"slot in use", &pgconn.PgError{Code: pgerr.ObjectInUse}, false},
 		{"encode error", &publish.EncodeError{ID: "1", Reason: "too long"}, false},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -13,13 +14,15 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 )
 
-// This file names the conditions that a retry cannot heal and an operator
+// This file names the conditions that time does not heal and an operator
 // can: a role without REPLICATION, without SELECT on the outbox, a server
-// without wal_level=logical. The relay keeps retrying, since the fix (a
-// GRANT, an ALTER ROLE, a restart of PostgreSQL) needs no restart of the
-// relay, but it says so at ERROR with the remedy, and on /readyz; and it
-// creates nothing while they hold, so that retries do not create and drop
-// a slot each time (docs/runbook.md, "The first five minutes").
+// without wal_level=logical, and the connections refused for a password,
+// a certificate, pg_hba.conf or a grant (classify, errors.go). The relay
+// keeps checking with its backoff, since the fix (a GRANT, an ALTER ROLE,
+// a new Secret, a restart of PostgreSQL) needs no restart of the relay,
+// and says so at ERROR with the remedy, and on /readyz; and it creates
+// nothing while they hold, so that retries do not create and drop a slot
+// each time (docs/runbook.md, "The first five minutes").
 
 // OperatorError is a condition only an operator can fix.
 type OperatorError struct {
@@ -29,11 +32,18 @@ type OperatorError struct {
 }
 
 func (e *OperatorError) Error() string {
-	msg := e.Problem + "; a retry cannot fix this: " + e.Remedy
+	msg := e.Problem + "; needs an operator (the relay checks again with backoff until someone fixes it): " + e.Remedy
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
 	return msg
+}
+
+// waitMessage is the ERROR line's message while the relay waits for an
+// operator: what is wrong and when it looks again, which is soon (the
+// backoff) since the fix needs no restart of the relay.
+func (e *OperatorError) waitMessage(wait time.Duration) string {
+	return fmt.Sprintf("needs an operator: %s; checking again in %s, and then with backoff, until someone fixes it", e.Problem, wait.Round(time.Millisecond))
 }
 
 func (e *OperatorError) Unwrap() error { return e.Err }

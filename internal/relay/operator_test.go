@@ -24,7 +24,7 @@ func waitNeedsOperator(t *testing.T, e *env, r *running, remedy string) {
 	r.WaitFor(t, time.Minute, "two retries that name "+remedy, func() bool {
 		return strings.HasPrefix(r.relay.Status(), "starting: needs an operator: ") &&
 			strings.Contains(r.relay.Status(), remedy) &&
-			strings.Count(r.logs.String(), "cannot stream until an operator acts") >= 2
+			strings.Count(r.logs.String(), "needs an operator") >= 2
 	})
 	t.Logf("status: %s", r.relay.Status())
 	if got := statusReason(t, r.reg); got != "needs_operator" {
@@ -34,9 +34,12 @@ func waitNeedsOperator(t *testing.T, e *env, r *running, remedy string) {
 		t.Errorf("status %q: a password, or the remedy clipped", r.relay.Status())
 	}
 	for line := range strings.SplitSeq(r.logs.String(), "\n") {
-		if strings.Contains(line, "cannot stream until an operator acts") && (!strings.Contains(line, "level=ERROR") || !strings.Contains(line, remedy)) {
+		if strings.Contains(line, "needs an operator") && (!strings.Contains(line, "level=ERROR") || !strings.Contains(line, remedy)) {
 			t.Errorf("not at ERROR with the remedy: %s", line)
 		}
+	}
+	if strings.Contains(r.logs.String(), "a retry cannot fix this") {
+		t.Error("the log says a retry cannot help while the relay retries")
 	}
 	if strings.Contains(r.logs.String(), "previous adoption of this slot was interrupted") {
 		t.Error("a retry dropped and recreated the slot")

@@ -81,6 +81,14 @@ type Relay struct {
 	// finds an unfinished adoption it has no memory of (its process died)
 	// creates the slot again. Run goroutine only.
 	unfinished unfinishedAdoption
+	// made is the slot this process created and never streamed from: a
+	// fatal exit drops it (madeslot.go). Run goroutine only.
+	made madeSlot
+	// foreignNoted is the holder (pid/application_name) of the last slot
+	// held by a process that is not a relay, foreignLogged when it was
+	// last reported (slotholder.go). Run goroutine only.
+	foreignNoted  string
+	foreignLogged time.Time
 	// system is the database system and timeline the last session's
 	// replication connection reached (noteSystem); Run goroutine only.
 	system slot.System
@@ -187,14 +195,19 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.rememberUnknown(err)
 		wait := r.cfg.StandbyRetry
-		if errors.Is(err, slot.ErrBusy) {
+		var foreign *ForeignHolderError
+		switch {
+		case errors.As(err, &foreign):
+			r.foreignHolder(foreign)
+		case errors.Is(err, slot.ErrBusy):
 			// A relay of this version waits for the slot lock in session;
 			// this is a slot held outside it, which can only be retried.
 			if r.Role() != RoleStandby {
-				r.log.Info("slot is held by a process outside the slot lock; retrying every CDCRELAY_STANDBY_RETRY", "detail", err)
+				r.log.Info("slot is held by a relay outside the slot lock; retrying every CDCRELAY_STANDBY_RETRY", "detail", err)
 			}
 			r.setRole(RoleStandby)
-		} else {
+			r.clearDetail() // what an earlier session reported (a foreign holder) is stale
+		default:
 			r.setRole(RoleStarting)
 			// A session that ran for a while was healthy, and one that got
 			// events through made progress (a bounded queue refusing the
@@ -207,7 +220,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.metrics.restarts.Inc()
 			var op *OperatorError
 			if errors.As(err, &op) {
-				r.log.Error("cannot stream until an operator acts: "+op.Problem, "remedy", op.Remedy, "error", err, "retry_in", wait.Round(time.Millisecond))
+				r.log.Error(op.waitMessage(wait), "remedy", op.Remedy, "error", err)
 			} else {
 				r.log.Error("pipeline failed; restarting both sides from the slot", "error", err, "retry_in", wait.Round(time.Millisecond))
 			}

@@ -22,7 +22,8 @@ func TestRetryDetail(t *testing.T) {
 		{fmt.Errorf("open replication connection: %w", &OperatorError{Problem: "role relay lacks REPLICATION", Remedy: "ALTER ROLE relay REPLICATION; (s3cr@t)",
 			Err: errors.New("permission denied to start WAL sender")}), "needs an operator: role relay lacks REPLICATION; ALTER ROLE relay REPLICATION; (xxxxx)", "WAL sender"},
 		{&OperatorError{Problem: "p", Remedy: strings.Repeat("r", 300)}, "needs an operator: p; " + strings.Repeat("r", 300), "…"},
-		{&OperatorError{Problem: "p", Remedy: strings.Repeat("r", 500)}, "needs an operator: p; " + strings.Repeat("r", 2*retryDetailMax-3) + "…", "rrrrr\n"},
+		{&OperatorError{Problem: "p", Remedy: strings.Repeat("r", 500)}, "needs an operator: p; " + strings.Repeat("r", 500), "…"},
+		{&OperatorError{Problem: "p", Remedy: strings.Repeat("r", 700)}, "needs an operator: p; " + strings.Repeat("r", operatorDetailMax-3) + "…", "rrrrr\n"},
 	}
 	for _, c := range cases {
 		reason, got := r.retryDetail(c.err)

@@ -19,6 +19,7 @@ import (
 // lock, taken first on a connection of its own and held until the session
 // ends: a standby waits for it there, and closing it releases it.
 func (r *Relay) session(ctx context.Context) (err error) {
+	defer func() { err = r.classify(err) }() // last: what needs an operator (errors.go)
 	lock, err := r.connectLock(ctx)
 	if err != nil {
 		return err
@@ -29,6 +30,9 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	defer func() {
 		if f != nil {
 			err = f.explain(err)
+			// Still under the slot lock, which a lost lock is not (explain
+			// made its error retryable): nothing else acts on the slot.
+			err = r.dropMade(ctx, err)
 			f.stop()
 		}
 		_ = lock.Close(context.WithoutCancel(ctx))
@@ -122,8 +126,12 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	}
 	closeDB()
 	if err := r.startReplication(work, repl); err != nil {
-		return err
+		return r.classifyBusy(work, err)
 	}
+	r.foreignNoted = "" // a foreign holder seen again is reported at once
+	// Streaming: the slot is the relay's now, whoever created it, and a
+	// later fatal error keeps it (the next start goes on from it).
+	r.made = madeSlot{}
 	return r.stream(ctx, repl, link, start, interval)
 }
 
@@ -181,6 +189,7 @@ func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info,
 	if err := slot.Drop(ctx, sdb, r.cfg.Slot); err != nil {
 		return info, 0, adopting, err
 	}
+	r.made = madeSlot{}
 	return slot.Info{}, interval, adopting, nil
 }
 
@@ -213,6 +222,11 @@ func (r *Relay) inspect(ctx context.Context, db, sdb *pgx.Conn) (slot.Info, time
 	// PostgreSQL 18, and must be refused before anything is published.
 	table, foreign, err := slot.VerifyPublication(ctx, db, r.outbox, r.outbox.Columns()...)
 	if err != nil {
+		return slot.Info{}, 0, err
+	}
+	// Before any slot is created (prepare, adopt): a column the relay
+	// needs and the table lacks would fail only once the slot exists.
+	if err := r.checkColumns(ctx, db, table); err != nil {
 		return slot.Info{}, 0, err
 	}
 	known, err := r.classifyUnknown(ctx, db, table, foreign)

@@ -450,11 +450,11 @@ func TestIntegrationLockIgnoresRoleTimeouts(t *testing.T) {
 	}
 }
 
-// TestIntegrationSlotStreamedOutsideLock: a process that streams the slot
-// without the slot lock (a relay of an older version during a rolling
-// upgrade, another client) keeps the lock's owner retrying: briefly at
-// first, as for a dead holder's walsender, then every
-// CDCRELAY_STANDBY_RETRY as a standby. Once it lets go, the relay streams.
+// TestIntegrationSlotStreamedOutsideLock: a relay that streams the slot
+// without the slot lock (one of an older version during a rolling upgrade)
+// keeps the lock's owner retrying: briefly at first, as for a dead holder's
+// walsender, then every CDCRELAY_STANDBY_RETRY as a standby. Once it lets
+// go, the relay streams.
 func TestIntegrationSlotStreamedOutsideLock(t *testing.T) {
 	t.Parallel() // long and mostly waiting: see main_test.go
 	e, r := streamingRelay(t, nil)
@@ -467,6 +467,7 @@ func TestIntegrationSlotStreamedOutsideLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = "cdcrelay" // named as a relay (else TestIntegrationSlotHeldByRecvLogical)
 	var other *pgconn.PgConn
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if other, err = pgconn.ConnectConfig(ctx, cfg); err != nil {

@@ -25,12 +25,13 @@ const (
 	ReasonBrokerBlocked Reason = "broker_blocked" // the broker blocks publishers (a resource alarm)
 	ReasonMarksFailing  Reason = "marks_failing"  // streaming, but the marks fail: the slot cannot advance
 	ReasonMarksWaiting  Reason = "marks_waiting"  // streaming, but the marks wait for a standby: the slot cannot advance
+	ReasonSlotForeign   Reason = "slot_foreign"   // a process that is not a relay holds the slot (slotholder.go)
 )
 
 // allReasons lists every Reason, so that each has its series from the start.
 func allReasons() []Reason {
 	return []Reason{ReasonOK, ReasonConnecting, ReasonCreatingSlot, ReasonRetrying, ReasonNeedsOperator,
-		ReasonBrokerBlocked, ReasonMarksFailing, ReasonMarksWaiting}
+		ReasonBrokerBlocked, ReasonMarksFailing, ReasonMarksWaiting, ReasonSlotForeign}
 }
 
 // detail is what the relay waits for beyond its role: the reason and the
@@ -86,7 +87,7 @@ func registerStatus(reg prometheus.Registerer, slotName string, r *Relay) {
 	for _, reason := range allReasons() {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "cdcrelay_status",
-			Help:        "1 for the reason behind the relay's state now (what /readyz explains), 0 for the others: ok, connecting, creating_slot, retrying, needs_operator, broker_blocked, marks_failing, marks_waiting.",
+			Help:        "1 for the reason behind the relay's state now (what /readyz explains), 0 for the others: ok, connecting, creating_slot, retrying, needs_operator, broker_blocked, marks_failing, marks_waiting, slot_foreign.",
 			ConstLabels: prometheus.Labels{"slot": slotName, "reason": string(reason)},
 		}, func() float64 {
 			if r.Reason() == reason {
