@@ -5,6 +5,10 @@
 //
 // Everything it creates (cluster, queue, exchange, relay process) is removed
 // on exit, including on Ctrl-C.
+//
+// With -serve (`make tour-db`) it only starts the throwaway cluster, with
+// wal_level=logical and a database for the README's tour, prints its URL and
+// keeps it until Ctrl-C.
 package main
 
 import (
@@ -42,6 +46,7 @@ type options struct {
 	relay  string
 	events int
 	rate   float64
+	serve  bool
 }
 
 func main() {
@@ -53,6 +58,8 @@ func run() int {
 	flag.StringVar(&opts.relay, "relay", "bin/cdcrelay", "path to the cdcrelay binary (build it with: go build -o bin/cdcrelay ./cmd/cdcrelay)")
 	flag.IntVar(&opts.events, "events", 50, "number of outbox events to insert")
 	flag.Float64Var(&opts.rate, "rate", 10, "events per second to insert (0 = as fast as possible)")
+	flag.BoolVar(&opts.serve, "serve", false, "only start a throwaway PostgreSQL with wal_level=logical and a database "+tourDatabase+
+		" for the README's tour, print its URL and keep it until Ctrl-C, then remove it (make tour-db)")
 	flag.Parse()
 	if opts.events <= 0 || opts.rate < 0 || flag.NArg() > 0 {
 		flag.Usage()
@@ -68,7 +75,11 @@ func run() int {
 		stop()
 	}()
 
-	if err := demo(ctx, opts); err != nil {
+	do := demo
+	if opts.serve {
+		do = func(ctx context.Context, _ options) error { return serveDatabase(ctx) }
+	}
+	if err := do(ctx, opts); err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintln(os.Stderr, "demo: interrupted")
 			return 130

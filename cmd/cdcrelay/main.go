@@ -31,15 +31,48 @@ import (
 	"github.com/cdcrelay/cdcrelay/migrations"
 )
 
-const usage = `usage: cdcrelay <command>
+const usage = `usage: cdcrelay <command> [flags]
 
 commands:
   run      stream outbox inserts to RabbitMQ (configuration: CDCRELAY_* variables, see docs/configuration.md)
   migrate  create the outbox table, its index and the publication (idempotent); -hot-marks: the HOT layout
   check    preflight the database, role, publication, slot and broker; exits 1 on any error
-  tail     print what is published to CDCRELAY_EXCHANGE: cdcrelay tail [-n N] [-timeout D] [BINDING_KEY]
+  tail     print what is published to CDCRELAY_EXCHANGE
   version  print the version
+  help     print this text
+
+cdcrelay help <command>, or cdcrelay <command> -h: that command's flags and what it does.
 `
+
+// commandUsage is the usage of each command without flags of its own;
+// migrate and tail print theirs from their flag sets.
+var commandUsage = map[string]string{
+	"run": `usage: cdcrelay run
+
+Streams the outbox table's inserts from the logical replication slot to
+RabbitMQ with publisher confirms, and marks each row published once the
+broker has acknowledged it. Creates the publication (if the role may) and the
+slot when missing. A second relay on the same slot waits as a hot standby.
+SIGINT or SIGTERM drains what is in flight and exits 0.
+
+Takes no flags: every setting is a CDCRELAY_* variable (docs/configuration.md);
+CDCRELAY_DATABASE_URL and CDCRELAY_AMQP_URL are required. Serves /metrics,
+/healthz and /readyz on CDCRELAY_HTTP_ADDR (default :8080).
+`,
+	"check": `usage: cdcrelay check
+
+Preflight: connects as run would, with the same CDCRELAY_* variables, and
+prints one line per finding (OK, WARN or ERROR, each problem with its remedy):
+unknown variables, wal_level, the role's privileges, the outbox table, the
+publication, the slot, the slot lock, the broker and the exchange; with
+CDCRELAY_AMQP_MANAGEMENT_URL also the queues bound to the exchange.
+Exits 1 on any ERROR, 0 otherwise. Takes no flags.
+`,
+	"version": `usage: cdcrelay version
+
+Prints the version the binary was built with. Takes no flags.
+`,
+}
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
@@ -48,9 +81,33 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// isHelp reports whether arg asks for usage, as the flag package reads it.
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "--h":
+		return true
+	}
+	return false
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (len(args) > 1 && args[0] != "tail" && args[0] != "migrate") {
+	switch {
+	case len(args) == 0:
 		fmt.Fprint(stderr, usage)
+		return 2
+	case isHelp(args[0]) || (args[0] == "help" && len(args) == 1):
+		fmt.Fprint(stdout, usage)
+		return 0
+	case args[0] == "help":
+		return commandHelp(args[1], stdout, stderr)
+	case len(args) > 1 && isHelp(args[1]):
+		return commandHelp(args[0], stdout, stderr)
+	case len(args) > 1 && args[0] != "tail" && args[0] != "migrate":
+		if _, known := commandUsage[args[0]]; known {
+			fmt.Fprintf(stderr, "cdcrelay %s takes no arguments (got %q)\n\n%s", args[0], args[1:], commandUsage[args[0]])
+		} else {
+			fmt.Fprintf(stderr, "unknown command %q\n%s", args[0], usage)
+		}
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -75,6 +132,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if !errors.As(err, new(loggedError)) {
 			fmt.Fprintln(stderr, "cdcrelay:", err)
 		}
+		return 1
+	}
+	return 0
+}
+
+// commandHelp prints the usage of command on stdout: its flags and what it
+// does. migrate and tail print their flag sets' usage (to the writer they
+// are given for errors, here stdout) and return at -h without doing anything.
+func commandHelp(command string, stdout, stderr io.Writer) int {
+	var err error
+	switch command {
+	case "migrate":
+		err = migrate(context.Background(), []string{"-h"}, stdout)
+	case "tail":
+		err = tail(context.Background(), []string{"-h"}, stdout, stdout)
+	default:
+		text, ok := commandUsage[command]
+		if !ok {
+			fmt.Fprintf(stderr, "unknown command %q\n%s", command, usage)
+			return 2
+		}
+		fmt.Fprint(stdout, text)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "cdcrelay:", err)
 		return 1
 	}
 	return 0
@@ -221,7 +303,17 @@ func migrate(ctx context.Context, args []string, stderr io.Writer) error {
 	flags := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	flags.SetOutput(stderr)
 	hot := flags.Bool("hot-marks", false, "also put the table on the HOT layout (migrations/optional/hot_marks.sql: no index names published_at, fillfactor 50)")
-	if err := flags.Parse(args); err != nil {
+	flags.Usage = func() {
+		fmt.Fprint(stderr, "usage: cdcrelay migrate [-hot-marks]\n\n"+
+			"Creates the outbox table (CDCRELAY_TABLE), its indexes and the publication\n"+
+			"(CDCRELAY_PUBLICATION) in CDCRELAY_DATABASE_URL: migrations/*.sql, applied to the\n"+
+			"configured names. Idempotent. Run it as the table's owner: the relay's\n"+
+			"least-privilege role cannot create the publication (docs/least-privilege.md).\n\n")
+		flags.PrintDefaults()
+	}
+	if err := flags.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	if flags.NArg() > 0 {
