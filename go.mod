@@ -1,6 +1,6 @@
 module github.com/cdcrelay/cdcrelay
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1

@@ -98,6 +98,7 @@ func ruleValues(slot string) []string {
 	return []string{
 		"source.database.secretName=unused",
 		"defaults.amqp.secretName=unused",
+		"image.repository=registry.example.com/cdcrelay",
 		"source.slot=" + slot,
 		"source.replicas=1",
 		"monitoring.prometheusRule.enabled=true",

@@ -25,30 +25,13 @@ var (
 	pgName   = regexp.MustCompile(`^([a-z_][a-z0-9_$]{0,62}|"([^"]|""){1,63}")$`)
 )
 
-// relayDefaults are the relay's documented defaults for the variables the chart
-// sets; with the chart's default values a relay gets exactly these.
-var relayDefaults = map[string]string{
-	"CDCRELAY_EXCHANGE":            "events",
-	"CDCRELAY_TABLE":               "public.event_outbox",
-	"CDCRELAY_PUBLICATION":         "cdcrelay_outbox",
-	"CDCRELAY_SLOT":                "cdcrelay_outbox",
-	"CDCRELAY_HTTP_ADDR":           ":8080",
-	"CDCRELAY_ID_COLUMN":           "id",
-	"CDCRELAY_ROUTING_KEY_COLUMN":  "routing_key",
-	"CDCRELAY_PAYLOAD_COLUMN":      "payload",
-	"CDCRELAY_HEADERS_COLUMN":      "headers",
-	"CDCRELAY_EXCHANGE_COLUMN":     "exchange",
-	"CDCRELAY_TYPE_COLUMN":         "event_type",
-	"CDCRELAY_MAX_IN_FLIGHT":       "1000",
-	"CDCRELAY_MAX_IN_FLIGHT_BYTES": "16777216", // 16MiB
-	"CDCRELAY_CONFIRM_TIMEOUT":     "30s",
-	"CDCRELAY_STATUS_INTERVAL":     "10s",
-	"CDCRELAY_SHUTDOWN_TIMEOUT":    "15s",
-	"CDCRELAY_BACKOFF_MIN":         "500ms",
-	"CDCRELAY_BACKOFF_MAX":         "30s",
-	"CDCRELAY_AMQP_HEARTBEAT":      "10s",
-	"CDCRELAY_LOG_LEVEL":           "info",
-}
+// chartEnv is the whole env of a relay of single.yaml, which sets no relay
+// setting: the URLs from their Secrets, what the chart itself owns (the slot and
+// publication it names, and derives per source; the port its probes and Service
+// use) and its one choice for a cluster (json logs). Every other variable is left
+// unset, so the relay's own default applies and a relay release that changes a
+// default brings it: the chart pins none.
+var chartEnv = []string{"CDCRELAY_DATABASE_URL", "CDCRELAY_AMQP_URL", "CDCRELAY_SLOT", "CDCRELAY_PUBLICATION", "CDCRELAY_HTTP_ADDR", "CDCRELAY_LOG_FORMAT"}
 
 // env returns the container's env as a map, failing on a duplicate name.
 func env(t *testing.T, c corev1.Container) map[string]corev1.EnvVar {
@@ -387,9 +370,26 @@ func checkFileSecret(t *testing.T, d *appsv1.Deployment, path string, mounts map
 	t.Errorf("Deployment %s: no volume mounted at %s", d.Name, filepath.Dir(path))
 }
 
+// TestLint: `helm lint --strict` passes on every values file of testdata/ (the
+// ones `make -C deploy/helm lint` lints, each alone) without a "Fail:" line: in a
+// lint helm only logs a template's `fail` ("[INFO] Fail: …") and passes, so a
+// line of them means values that `helm install` would refuse.
 func TestLint(t *testing.T) {
 	t.Parallel()
+	files, err := filepath.Glob(filepath.Join("testdata", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range files {
+		names = append(names, filepath.Base(f))
+	}
 	for _, f := range goodValues {
+		if !slices.Contains(names, f) {
+			t.Fatalf("goodValues names %s, which testdata/ lacks", f)
+		}
+	}
+	for _, f := range names {
 		t.Run(f, func(t *testing.T) {
 			t.Parallel()
 			args := append([]string{"lint", "--strict", chartDir, "--kube-version", kubeVersion}, valuesArgs([]string{f})...)
@@ -399,6 +399,9 @@ func TestLint(t *testing.T) {
 			}
 			if !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
 				t.Fatalf("helm lint output:\n%s", out)
+			}
+			if strings.Contains(out+stderr, "Fail:") {
+				t.Errorf("helm lint --strict -f %s reaches a template's fail:\n%s%s", f, out, stderr)
 			}
 		})
 	}
@@ -450,22 +453,20 @@ func TestSingleSource(t *testing.T) {
 	}
 	c := relay(t, d)
 	ev := env(t, c)
-	// Without overrides, the chart hands the relay its documented defaults.
-	for name, want := range relayDefaults {
+	// Only set values reach the pod: every relay setting is null by default, so
+	// the relay's own defaults apply (GOMEMLIMIT too is the relay's to derive).
+	var names []string
+	for _, e := range c.Env {
+		names = append(names, e.Name)
+	}
+	if !slices.Equal(names, chartEnv) {
+		t.Errorf("env %v, want exactly %v: a relay default rendered would pin it", names, chartEnv)
+	}
+	for name, want := range map[string]string{"CDCRELAY_SLOT": "cdcrelay_outbox", "CDCRELAY_PUBLICATION": "cdcrelay_outbox",
+		"CDCRELAY_HTTP_ADDR": ":8080", "CDCRELAY_LOG_FORMAT": "json"} {
 		if got := envValue(t, d, name); got != want {
-			t.Errorf("%s = %q, want the relay default %q", name, got, want)
+			t.Errorf("%s = %q, want %q", name, got, want)
 		}
-	}
-	// Only set values reach the pod: the policy settings are null by default, so
-	// the relay's own defaults apply; GOMEMLIMIT is the relay's to derive.
-	for _, name := range []string{"CDCRELAY_POISON", "CDCRELAY_UNROUTABLE", "CDCRELAY_SLOT_LOST", "CDCRELAY_SLOT_FAILOVER", "CDCRELAY_MARK_ORIGIN", "CDCRELAY_RETENTION", "CDCRELAY_PUBLISH_CHANNELS",
-		"CDCRELAY_MAX_MESSAGE_BYTES", "CDCRELAY_DEAD_LETTER_EXCHANGE", "CDCRELAY_AMQP_TLS_CA", "CDCRELAY_REPLICATION_URL", "CDCRELAY_REPLICATION_URL_FILE", "GOMEMLIMIT"} {
-		if e, ok := ev[name]; ok {
-			t.Errorf("%s = %q set by default: the relay's own default should apply", name, e.Value)
-		}
-	}
-	if got := envValue(t, d, "CDCRELAY_LOG_FORMAT"); got != "json" {
-		t.Errorf("CDCRELAY_LOG_FORMAT = %q, want json in a cluster", got)
 	}
 	for name, secret := range map[string]string{"CDCRELAY_DATABASE_URL": "orders-db", "CDCRELAY_AMQP_URL": "rabbitmq"} {
 		ref := ev[name].ValueFrom.SecretKeyRef
@@ -480,8 +481,8 @@ func TestSingleSource(t *testing.T) {
 	if *ps.RunAsUser != 65532 || *ps.RunAsGroup != 65532 || *ps.FSGroup != 65532 {
 		t.Errorf("pod ids %d:%d fsGroup %d, want the image's 65532", *ps.RunAsUser, *ps.RunAsGroup, *ps.FSGroup)
 	}
-	if c.Image != "ghcr.io/cdcrelay/cdcrelay:0.1.0" {
-		t.Errorf("image %q, want the chart's appVersion as tag", c.Image)
+	if c.Image != "registry.example.com/cdcrelay:0.1.0" {
+		t.Errorf("image %q, want single.yaml's repository with the chart's appVersion as tag", c.Image)
 	}
 	if d.Spec.Strategy.RollingUpdate == nil || d.Spec.Strategy.RollingUpdate.MaxSurge.IntValue() != 0 {
 		t.Errorf("strategy %+v: a surge pod could only wait as a standby", d.Spec.Strategy)
@@ -578,13 +579,25 @@ func TestMultiSource(t *testing.T) {
 	for name, want := range map[string]string{
 		"CDCRELAY_EXCHANGE":           "billing",
 		"CDCRELAY_ROUTING_KEY_COLUMN": "topic",
-		"CDCRELAY_PAYLOAD_COLUMN":     "payload", // columns merge key by key
+		"CDCRELAY_PAYLOAD_COLUMN":     "body", // columns merge key by key
 		"CDCRELAY_SHUTDOWN_TIMEOUT":   "1m30s",
 		"CDCRELAY_LOG_LEVEL":          "warn", // the source's logLevel replaces defaults.logLevel
 	} {
 		if got := envValue(t, billing, name); got != want {
 			t.Errorf("billing-v2: %s = %q, want %q", name, got, want)
 		}
+	}
+	// A column neither defaults nor the source sets is left to the relay.
+	for _, d := range []*appsv1.Deployment{orders, billing} {
+		ev := env(t, relay(t, d))
+		for _, name := range []string{"CDCRELAY_ID_COLUMN", "CDCRELAY_HEADERS_COLUMN", "CDCRELAY_TABLE", "CDCRELAY_MAX_IN_FLIGHT_BYTES"} {
+			if e, ok := ev[name]; ok {
+				t.Errorf("%s: %s = %q rendered, though no value sets it", d.Name, name, e.Value)
+			}
+		}
+	}
+	if _, ok := env(t, relay(t, orders))["CDCRELAY_ROUTING_KEY_COLUMN"]; ok || envValue(t, orders, "CDCRELAY_PAYLOAD_COLUMN") != "body" {
+		t.Errorf("orders: want CDCRELAY_PAYLOAD_COLUMN=body from defaults and no CDCRELAY_ROUTING_KEY_COLUMN")
 	}
 	if g := *billing.Spec.Template.Spec.TerminationGracePeriodSeconds; g != 105 {
 		t.Errorf("billing-v2: terminationGracePeriodSeconds %d, want 90s shutdown + 15", g)
@@ -815,7 +828,7 @@ func TestImageAndSecurityOverrides(t *testing.T) {
 		"--set", "podSecurityContext.fsGroup=null")
 	checkReleaseNoUser(t, r)
 	d := r.Deployment(t, "rel-cdcrelay")
-	if img := relay(t, d).Image; img != "ghcr.io/cdcrelay/cdcrelay@"+digest {
+	if img := relay(t, d).Image; img != "registry.example.com/cdcrelay@"+digest {
 		t.Errorf("image %q, want the digest", img)
 	}
 	ps := d.Spec.Template.Spec.SecurityContext
@@ -872,16 +885,20 @@ data:
 }
 
 // TestNotesQuotedAndOwnImage: migrate's line carries a quoted table and
-// publication for the shell; an image of one's own silences the warning.
+// publication for the shell; an image of one's own with a quoted hex-like tag
+// is used as written, and the notes carry no warning.
 func TestNotesQuotedAndOwnImage(t *testing.T) {
 	t.Parallel()
-	notes := renderNotes(t, []string{"quoted.yaml", "image.yaml"})
+	notes := renderNotes(t, []string{"quoted.yaml"})
 	want := `CDCRELAY_TABLE='"Billing"."Outbox Events"' CDCRELAY_PUBLICATION='"Billing Pub"' cdcrelay migrate`
 	if !strings.Contains(notes, want) {
 		t.Errorf("notes lack %q:\n%s", want, notes)
 	}
 	if strings.Contains(notes, "WARNING") {
 		t.Errorf("notes warn about an image that is set:\n%s", notes)
+	}
+	if img := relay(t, render(t, []string{"quoted.yaml"}).Deployments[0]).Image; img != "registry.example.com/cdcrelay:0e23086" {
+		t.Errorf("image %q, want quoted.yaml's registry.example.com/cdcrelay:0e23086", img)
 	}
 	// The table's schema is not public: the role needs USAGE on it, as a GRANT.
 	if want := `GRANT USAGE ON SCHEMA "Billing" TO cdcrelay;`; !strings.Contains(notes, want) {
@@ -958,8 +975,9 @@ func TestNotes(t *testing.T) {
 	if strings.Contains(notes, "<table>") || strings.Contains(notes, "<publication>") || strings.Contains(notes, "<role>") {
 		t.Errorf("notes keep a placeholder the chart knows:\n%s", notes)
 	}
-	if !strings.Contains(notes, "WARNING: the image is the chart's default, ghcr.io/cdcrelay/cdcrelay:") || !strings.Contains(notes, "nothing publishes this image; build it with make image and push it") {
-		t.Errorf("notes do not warn about the default image:\n%s", notes)
+	// The placeholder image fails the render (TestPlaceholderImageRefused): no warning.
+	if strings.Contains(notes, "WARNING") {
+		t.Errorf("notes carry a warning:\n%s", notes)
 	}
 	if strings.Contains(notes, "exec deploy/rel-cdcrelay-legacy") || strings.Count(notes, "rabbitmqadmin declare exchange name=events type=topic") != 1 {
 		t.Errorf("notes: a check for the paused source, or an exchange listed twice:\n%s", notes)
@@ -996,6 +1014,7 @@ func TestRejectsBadValues(t *testing.T) {
 		{"both-forms.yaml", "not both", false},
 		{"grace-too-short.yaml", "must be above shutdownTimeout (60s)", false},
 		{"no-source.yaml", "no source configured", false},
+		{"placeholder-image.yaml", "cdcrelay: the image ghcr.io/cdcrelay/cdcrelay is the chart's placeholder, and nothing publishes it", false},
 	}
 	for _, c := range cases {
 		t.Run(c.file, func(t *testing.T) {

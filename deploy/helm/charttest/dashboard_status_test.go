@@ -49,7 +49,7 @@ func TestDashboardReadinessReason(t *testing.T) {
 	p := panels[0]
 	reasons := statusReasons(t)
 	color := map[string]string{"ok": "green", "connecting": "yellow", "creating_slot": "yellow", "retrying": "yellow",
-		"broker_blocked": "yellow", "needs_operator": "red", "marks_failing": "red", "marks_waiting": "red"}
+		"broker_blocked": "yellow", "needs_operator": "red", "marks_failing": "red", "marks_waiting": "red", "slot_foreign": "red"}
 	if len(reasons) != len(color) {
 		t.Fatalf("reasons %v: this test knows the colours of %d", reasons, len(color))
 	}

@@ -520,7 +520,8 @@ func TestImageRegistry(t *testing.T) {
 	for _, c := range []struct {
 		registry, repository, digest, want string
 	}{
-		{"", "ghcr.io/cdcrelay/cdcrelay", "", "ghcr.io/cdcrelay/cdcrelay:0.1.0"},
+		{"", "registry.example.com/cdcrelay", "", "registry.example.com/cdcrelay:0.1.0"},
+		// The placeholder's path on a registry of one's own, where one may have pushed it.
 		{"mirror.local", "ghcr.io/cdcrelay/cdcrelay", "", "mirror.local/cdcrelay/cdcrelay:0.1.0"},
 		{"mirror.local:5000/", "localhost:5000/cdcrelay", "", "mirror.local:5000/cdcrelay:0.1.0"},
 		{"mirror.local/ghcr", "localhost/cdcrelay", digest, "mirror.local/ghcr/cdcrelay@" + digest},
@@ -579,8 +580,8 @@ func TestDefaultsAddNothing(t *testing.T) {
 					t.Errorf("%s: Deployment %s: volume %s by default", f, d.Name, v.Name)
 				}
 			}
-			if c.Image != "ghcr.io/cdcrelay/cdcrelay:0.1.0" {
-				t.Errorf("%s: image %q", f, c.Image)
+			if c.Image != "registry.example.com/cdcrelay:0.1.0" {
+				t.Errorf("%s: image %q, want the file's repository with the appVersion tag", f, c.Image)
 			}
 		}
 		for _, sm := range r.ServiceMonitors {

@@ -26,6 +26,7 @@ var defaultSeverity = map[string]string{
 	"CdcrelaySlotLost":                "critical",
 	"CdcrelayOldestUnpublishedTooOld": "critical",
 	"CdcrelayOtherRelayOnDatabase":    "warning",
+	"CdcrelaySlotForeignHolder":       "critical",
 	"CdcrelayParkedRows":              "warning",
 	"CdcrelayUnroutableStall":         "critical",
 	"CdcrelayDeadLetterFailed":        "warning",
@@ -66,6 +67,7 @@ var slotLabelled = map[string]bool{
 	"cdcrelay_commit_to_ack_seconds": true, "cdcrelay_stalled_event_info": true, "cdcrelay_dead_letter_failures_total": true,
 	"cdcrelay_foreign_inserts_skipped_total": true, "cdcrelay_pipeline_restarts_total": true, "cdcrelay_marks_failing_seconds": true,
 	"cdcrelay_retention_errors_total": true, "cdcrelay_retention_runs_total": true, "cdcrelay_retention_last_success_timestamp_seconds": true,
+	"cdcrelay_status": true,
 }
 
 func (r replica) series() []inputSeries {
@@ -123,6 +125,9 @@ func (r replica) defaults() map[string]string {
 		`cdcrelay_commit_to_ack_seconds_bucket{le="+Inf"}`: "0+10x40",
 	}
 	if r.role != "" {
+		// Every relay exports each reason; the one that holds none of its
+		// own (as here) is 0.
+		v[`cdcrelay_status{reason="slot_foreign"}`] = "0x40"
 		for _, role := range []string{"starting", "streaming", "standby"} {
 			val := "0x40"
 			if role == r.role {
@@ -422,6 +427,28 @@ func mainScenarios(v ruleVariant) []ruleScenario {
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_other_relay_slots": "0x4 1x36"})...),
 			quietAt:  []string{"3m", "7m"},
 			fire:     []firing{fire("12m", "CdcrelayOtherRelayOnDatabase", v.bySlot("CdcrelayOtherRelayOnDatabase", orders))}},
+		{name: "pg_recvlogical holds the slot of orders: the replica at its retries says slot_foreign, the other waits behind it; one alert before NoStreamingRelay",
+			replicas: withBilling(
+				replica{target: o("a"), slot: orders.slot, role: "starting", holder: true,
+					set: map[string]string{`cdcrelay_status{reason="slot_foreign"}`: "0x1 1x39"}},
+				replica{target: o("b"), slot: orders.slot, role: "standby"}),
+			quietAt: []string{"1m", "2m"}, // pending for 1m
+			fire: []firing{
+				fire("4m", "CdcrelaySlotForeignHolder", v.bySlot("CdcrelaySlotForeignHolder", orders)),
+				fire("10m", "CdcrelaySlotForeignHolder", v.bySlot("CdcrelaySlotForeignHolder", orders)),
+				fire("10m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
+			}},
+		{name: "the replicas take turns at the held slot: one alert throughout",
+			replicas: withBilling(
+				replica{target: o("a"), slot: orders.slot, role: "starting", holder: true,
+					set: map[string]string{`cdcrelay_status{reason="slot_foreign"}`: "1 0 1 0 1 0 1 0 1 0 1 0 1 0 1 0 1 0 1 0"}},
+				replica{target: o("b"), slot: orders.slot, role: "starting",
+					set: map[string]string{`cdcrelay_status{reason="slot_foreign"}`: "0 1 0 1 0 1 0 1 0 1 0 1 0 1 0 1 0 1 0 1"}}),
+			fire: []firing{
+				fire("4m", "CdcrelaySlotForeignHolder", v.bySlot("CdcrelaySlotForeignHolder", orders)),
+				fire("15m", "CdcrelaySlotForeignHolder", v.bySlot("CdcrelaySlotForeignHolder", orders)),
+				fire("15m", "CdcrelayNoStreamingRelay", v.perSource("CdcrelayNoStreamingRelay", orders)),
+			}},
 		{name: "safe WAL size above the threshold",
 			replicas: withBilling(ordersWith(o, map[string]string{"cdcrelay_slot_safe_wal_size_bytes": "5368709120x40"})...),
 			quietAt:  []string{"2m", "20m"}},
@@ -715,6 +742,9 @@ func selectorScenarios(v ruleVariant) []ruleScenario {
 		{name: "custom selector: retention fails from the start, the alert names slot and source",
 			replicas: append(ordersWith(c, map[string]string{"cdcrelay_retention_errors_total": "0+1x40"}), billingHealthy(c)),
 			fire:     []firing{fire("20m", "CdcrelayRetentionFailing", v.bySlot("CdcrelayRetentionFailing", orders))}},
+		{name: "custom selector: a foreign holder of the orders slot",
+			replicas: append(ordersWith(c, map[string]string{`cdcrelay_status{reason="slot_foreign"}`: "1x40"}), billingHealthy(c)),
+			fire:     []firing{fire("5m", "CdcrelaySlotForeignHolder", v.bySlot("CdcrelaySlotForeignHolder", orders))}},
 		{name: "custom selector: parked row",
 			replicas: append(ordersWith(c, map[string]string{"cdcrelay_outbox_parked": "1x40"}), billingHealthy(c)),
 			fire:     []firing{fire("10m", "CdcrelayParkedRows", v.bySlot("CdcrelayParkedRows", orders))}},

@@ -158,6 +158,7 @@ var alertLoss = map[string]lossClaim{
 	"CdcrelaySlotNearInvalidation":    noLoss,
 	"CdcrelaySlotLost":                noLoss,
 	"CdcrelayOtherRelayOnDatabase":    noLoss,
+	"CdcrelaySlotForeignHolder":       noLoss,
 	"CdcrelayOldestUnpublishedTooOld": noLoss,
 	"CdcrelayParkedRows":              noLoss,
 	"CdcrelayUnroutableStall":         noLoss,

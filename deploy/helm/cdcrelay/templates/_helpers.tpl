@@ -83,10 +83,19 @@ changes nothing in the pod. Argument: dict "root" $ "src" $src ["extra" map].
 {{- end }}
 
 {{/*
-The relay's image. global.imageRegistry (as in bitnami charts, for a registry
-mirror) replaces the registry host of image.repository, the first path component
-when it looks like a host (it has a "." or a ":", or is localhost), and is put in
-front of a repository without one.
+The repository image.repository defaults to, which nothing publishes: the chart
+refuses to render a relay with it.
+*/}}
+{{- define "cdcrelay.placeholderImage" -}}
+ghcr.io/cdcrelay/cdcrelay
+{{- end }}
+
+{{/*
+The relay's image, refused while it is the placeholder (with a global.imageRegistry,
+where one may have pushed the image under the same path, it is not). global.imageRegistry
+(as in bitnami charts, for a registry mirror) replaces the registry host of
+image.repository, the first path component when it looks like a host (it has a "." or a
+":", or is localhost), and is put in front of a repository without one.
 */}}
 {{- define "cdcrelay.image" -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
@@ -101,6 +110,9 @@ front of a repository without one.
 {{- $repo = $parts._1 }}
 {{- end }}
 {{- $repo = printf "%s/%s" $registry $repo }}
+{{- end }}
+{{- if eq $repo (include "cdcrelay.placeholderImage" .) }}
+{{- fail (printf "cdcrelay: the image %s is the chart's placeholder, and nothing publishes it (the pods would never pull it): build the image with `make image`, push it to a registry your cluster pulls from, and set image.repository and image.tag (or image.digest) to it; see deploy/helm/README.md, \"The image\"" $repo) }}
 {{- end }}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" $repo .Values.image.digest }}
@@ -485,6 +497,10 @@ its variables all the same, so that it comes from a Secret like the others. */}}
 {{- $_ := set $owner (printf "CDCRELAY_AMQP_TLS_%s" (index $t 0)) "amqpTLS" }}
 {{- end }}
 {{- end }}
+{{- with $src.amqpManagement }}
+{{- $env = append $env (dict "name" "CDCRELAY_AMQP_MANAGEMENT_URL" "valueFrom" (dict "secretKeyRef" (dict "name" .secretName "key" (default "url" .key)))) }}
+{{- $_ := set $owner "CDCRELAY_AMQP_MANAGEMENT_URL" "amqpManagement" }}
+{{- end }}
 {{- $plain := list
   (list "SLOT" $src.slot "slot")
   (list "PUBLICATION" $src.publication "publication")
@@ -670,7 +686,7 @@ cdcrelay.io/source: {{ .src.sourceLabel }}
 The NetworkPolicy ports of one source's egress rule: "postgresql" or "broker".
 Set ports are used as given; null ports are derived: PostgreSQL 5432; the broker
 5671 (amqps) with amqpTLS, else 5672 and 5671 (the URL, in a Secret, may be either);
-with a CDCRELAY_AMQP_MANAGEMENT_URL in extraEnv also 15672 and 15671. A list of
+with amqpManagement, or a CDCRELAY_AMQP_MANAGEMENT_URL in extraEnv, also 15672 and 15671. A list of
 NetworkPolicyPort, at column 0. Argument: dict "src" $src "what" string.
 */}}
 {{- define "cdcrelay.egressPorts" -}}
@@ -686,10 +702,14 @@ NetworkPolicyPort, at column 0. Argument: dict "src" $src "what" string.
 {{- $ports = list 5672 5671 }}
 {{- end }}
 {{- if eq .what "broker" }}
+{{- $management := not (empty .src.amqpManagement) }}
 {{- range $e := default list .src.extraEnv }}
 {{- if eq $e.name "CDCRELAY_AMQP_MANAGEMENT_URL" }}
-{{- $ports = concat $ports (list 15672 15671) }}
+{{- $management = true }}
 {{- end }}
+{{- end }}
+{{- if $management }}
+{{- $ports = concat $ports (list 15672 15671) }}
 {{- end }}
 {{- end }}
 {{- end }}
