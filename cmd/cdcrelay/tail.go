@@ -177,11 +177,11 @@ func (t *tailer) refused(what string, err error) error {
 // exchange (bind, consume). The relay's own user needs write on the
 // exchange only, so a least-privilege relay user lacks these.
 func tailPermissions(vhost, user, exchange string) string {
-	q := `^cdcrelay\.tail\..*`
+	q := brokerapi.TailQueuePattern
 	return fmt.Sprintf("tail needs, on vhost %q: configure and write on its queues (%s), read on them and on exchange %q. "+
 		"Run tail as a user that has them (CDCRELAY_AMQP_URL for this command only), or grant them to %q: "+
 		"rabbitmqctl set_permissions -p %s %s '%s' '%s' '%s' (this replaces the user's permissions on the vhost: merge them with what it has)",
-		vhost, q, exchange, user, shellWord(vhost), shellWord(user), q, q, fmt.Sprintf(`^(cdcrelay\.tail\..*|%s)$`, regexp.QuoteMeta(exchange)))
+		vhost, q, exchange, user, shellWord(vhost), shellWord(user), q, q, fmt.Sprintf(`^(%s.*|%s)$`, strings.TrimPrefix(q, "^"), regexp.QuoteMeta(exchange)))
 }
 
 // print prints each delivery until ctx ends (nil), n have been printed

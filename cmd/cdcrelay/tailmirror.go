@@ -14,7 +14,7 @@ import (
 // tailQueuePrefix names tail's temporary queues. Their bindings are never
 // copied: two tails copying each other's would keep a route alive after
 // the queue it was copied from is gone.
-const tailQueuePrefix = "cdcrelay.tail."
+const tailQueuePrefix = brokerapi.TailQueuePrefix
 
 // tailBinding is one binding of tail's queue to the exchange.
 type tailBinding struct {

@@ -98,7 +98,7 @@ func TestTailPermissions(t *testing.T) {
 	got := tailPermissions("prod", "relay user", "orders.events")
 	for _, want := range []string{
 		`vhost "prod"`,
-		`rabbitmqctl set_permissions -p prod 'relay user' '^cdcrelay\.tail\..*' '^cdcrelay\.tail\..*' '^(cdcrelay\.tail\..*|orders\.events)$'`,
+		`rabbitmqctl set_permissions -p prod 'relay user' '^cdcrelay\.tail\.' '^cdcrelay\.tail\.' '^(cdcrelay\.tail\..*|orders\.events)$'`,
 		"merge them",
 	} {
 		if !strings.Contains(got, want) {

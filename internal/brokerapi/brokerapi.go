@@ -19,6 +19,15 @@ import (
 // Variable is the optional setting that names the management API.
 const Variable = "CDCRELAY_AMQP_MANAGEMENT_URL"
 
+// TailQueuePrefix starts the name of every queue `cdcrelay tail`
+// declares, and TailQueuePattern is the permission regex that covers them:
+// check probes tail's permissions on such a name, and tail never copies
+// the bindings of such a queue.
+const (
+	TailQueuePrefix  = "cdcrelay.tail."
+	TailQueuePattern = `^cdcrelay\.tail\.`
+)
+
 // ErrNotFound is a 404: the vhost, exchange or queue does not exist.
 var ErrNotFound = errors.New("not found")
 

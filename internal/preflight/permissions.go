@@ -9,17 +9,18 @@ import (
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/cdcrelay/cdcrelay/internal/brokerapi"
 )
 
 // checkPermissions names the findings about the broker user's permissions.
 const checkPermissions = "permissions"
 
-// tailQueuePrefix starts the name of the queue `cdcrelay tail` declares:
-// the permissions it needs are granted on ^cdcrelay\.tail\. .
-const tailQueuePrefix = "cdcrelay.tail."
-
-// tailQueuePattern is the permission pattern that covers tail's queues.
-const tailQueuePattern = `^cdcrelay\.tail\.`
+// tail's queues and the permission regex that covers them.
+const (
+	tailQueuePrefix  = brokerapi.TailQueuePrefix
+	tailQueuePattern = brokerapi.TailQueuePattern
+)
 
 // The management API cannot tell a user's permissions to anyone but an
 // administrator (RabbitMQ 3.10 answers /api/permissions/…,
