@@ -91,6 +91,9 @@ func (r *Resume) Done(at wal.Place, id string) {
 	}
 	r.through, r.id, r.set = at, id, true
 	r.progress++
+	if r.stalled != nil && !r.through.Before(r.stalled.At) {
+		r.dropStall()
+	}
 	for p := range r.ahead {
 		if !r.through.Before(p) {
 			delete(r.ahead, p)
@@ -201,10 +204,7 @@ func (r *Resume) forgetPlaces() {
 	r.ahead = nil
 	r.careful = wal.Place{}
 	r.noCopy = nil
-	if r.stalled != nil {
-		r.stalledM.stalled.DeleteLabelValues(r.stalled.ID, r.stalled.Exchange, r.stalled.RoutingKey, r.stalled.Cause)
-		r.stalled, r.stalledM = nil, nil
-	}
+	r.dropStall()
 }
 
 // verdict is what the publisher does with an event.
@@ -311,14 +311,27 @@ func (r *Resume) stall(s Stall, m *Metrics) {
 	m.stalled.WithLabelValues(s.ID, s.Exchange, s.RoutingKey, s.Cause).Set(1)
 }
 
-// unstall forgets the stall once an event at or past its place is done.
+// unstall forgets the stall once the stalled event itself is done
+// (acknowledged, parked or skipped as done). An event past it proves
+// nothing: with several publishing channels the other lanes' events behind
+// the stalled row are acknowledged, or skipped as done ahead, at the start
+// of every retry while the row still stalls. Done ends the stall too, once
+// the contiguous watermark passes it.
 func (r *Resume) unstall(at wal.Place, m *Metrics) {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.stalled == nil || at.Before(r.stalled.At) {
+	if r.stalled == nil || at != r.stalled.At {
+		return
+	}
+	r.dropStall()
+}
+
+// dropStall withdraws the exported stall. Caller holds mu.
+func (r *Resume) dropStall() {
+	if r.stalled == nil {
 		return
 	}
 	r.stalledM.stalled.DeleteLabelValues(r.stalled.ID, r.stalled.Exchange, r.stalled.RoutingKey, r.stalled.Cause)

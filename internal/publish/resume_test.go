@@ -95,9 +95,11 @@ func TestResumeJudge(t *testing.T) {
 	}
 }
 
-// TestResumeStallAndLimit: a stall is exported until an event at or past
-// it is done; Forget (a new slot) withdraws it, since its place is the old
-// stream's, and keeps the broker's limit.
+// TestResumeStallAndLimit: a stall is exported until the stalled event is
+// done or the contiguous watermark passes it; an event of another lane past
+// it, acknowledged or skipped as done ahead, does not end it. Forget (a new
+// slot) withdraws it, since its place is the old stream's, and keeps the
+// broker's limit.
 func TestResumeStallAndLimit(t *testing.T) {
 	r := &Resume{}
 	reg := prometheus.NewRegistry()
@@ -108,9 +110,23 @@ func TestResumeStallAndLimit(t *testing.T) {
 	if _, ok := r.Stalled(); !ok {
 		t.Fatal("an event before the stalled one ended the stall")
 	}
+	r.unstall(at(100, 4), m)
+	r.unstall(at(150, 0), m)
+	if _, ok := r.Stalled(); !ok {
+		t.Fatal("an event of another lane past the stalled one ended the stall")
+	}
 	r.unstall(at(100, 3), m)
 	if _, ok := r.Stalled(); ok {
 		t.Fatal("the stalled event done, the stall remains")
+	}
+	r.stall(Stall{ID: "s1", Exchange: "events", RoutingKey: "nowhere", Cause: CauseNoRoute, At: at(120, 1)}, m)
+	r.Done(at(120, 0), "before")
+	if _, ok := r.Stalled(); !ok {
+		t.Fatal("the watermark short of the stalled event ended the stall")
+	}
+	r.Done(at(130, 0), "past")
+	if _, ok := r.Stalled(); ok {
+		t.Fatal("the watermark passed the stalled event, the stall remains")
 	}
 	r.stall(Stall{ID: "s2", Exchange: "events", RoutingKey: "nowhere", Cause: CauseNoRoute, At: at(200, 0)}, m)
 	r.Forget()
