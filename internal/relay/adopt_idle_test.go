@@ -21,7 +21,7 @@ func TestIntegrationAdoptionOutlivesIdleTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := backlog(t, e.db, "backlog", 2000)
-	proxy := testenv.MustProxy(t, "127.0.0.1:5672")
+	proxy := testenv.MustProxy(t, testenv.AMQPAddr())
 	// Room for a few events only: with the broker held, the publisher waits
 	// for confirms and the snapshot's reader for room in the byte budget,
 	// its transaction (and the replication connection's) idle meanwhile.

@@ -146,7 +146,7 @@ func TestIntegrationJanitorIdleRunsNothing(t *testing.T) {
 // reach the queue but stay unmarked until the relay has the acks.
 func TestIntegrationJanitorNeverMarksUnacked(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	proxy := testenv.MustProxy(t, "127.0.0.1:5672")
+	proxy := testenv.MustProxy(t, testenv.AMQPAddr())
 	r := e.startRelay(map[string]string{"AMQP_URL": "amqp://guest:guest@" + proxy.Addr() + "/", "AMQP_HEARTBEAT": "30s", "MONITOR_INTERVAL": "100ms"})
 	r.waitStreaming(t)
 	proxy.HoldDownstream(true)

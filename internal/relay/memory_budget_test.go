@@ -44,7 +44,7 @@ func TestIntegrationDefaultLimitsFitTheChart(t *testing.T) {
 func memoryBudgetHeld(t *testing.T, extra map[string]string, n, size int) int64 {
 	t.Helper()
 	e := newEnv(t, testenv.PostgresOptions{}, "mem.#")
-	proxy := testenv.MustProxy(t, "127.0.0.1:5672")
+	proxy := testenv.MustProxy(t, testenv.AMQPAddr())
 	vars := map[string]string{"AMQP_URL": "amqp://guest:guest@" + proxy.Addr() + "/", "AMQP_HEARTBEAT": "120s", "LOG_LEVEL": "info"}
 	for k, v := range extra {
 		vars[k] = v

@@ -16,7 +16,7 @@ func byRoutingKey(d testenv.Delivery) string { return d.RoutingKey }
 // middle loses nothing.
 func TestIntegrationPartitionedPublishing(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	proxy := testenv.MustProxy(t, "127.0.0.1:5672")
+	proxy := testenv.MustProxy(t, testenv.AMQPAddr())
 	r := e.startRelay(map[string]string{"PUBLISH_CHANNELS": "4", "AMQP_URL": "amqp://guest:guest@" + proxy.Addr() + "/"})
 	r.waitStreaming(t)
 	ctx := context.Background()

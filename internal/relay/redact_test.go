@@ -38,7 +38,7 @@ func TestIntegrationNoQueryPasswordInOutput(t *testing.T) {
 	if !strings.Contains(good.String(), "?") {
 		goodQuery = func(params string) string { return good.String() + "?" + params }
 	}
-	mqRefused := "amqp://guest:Mq%2FS3cret%40pct-21@127.0.0.1:5672/"
+	mqRefused := "amqp://guest:Mq%2FS3cret%40pct-21@" + testenv.AMQPAddr() + "/"
 	mqClosed := "amqp://guest:Mq-S3cret-22@" + closed + "/"
 
 	cases := []struct {

@@ -166,7 +166,7 @@ func TestIntegrationIdleSlotAdvances(t *testing.T) {
 func TestIntegrationWatermarkWaitsForConfirms(t *testing.T) {
 	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	proxy := testenv.MustProxy(t, "127.0.0.1:5672")
+	proxy := testenv.MustProxy(t, testenv.AMQPAddr())
 	amqpViaProxy := "amqp://guest:guest@" + proxy.Addr() + "/"
 	r := e.startRelay(map[string]string{"AMQP_URL": amqpViaProxy, "AMQP_HEARTBEAT": "30s"})
 	r.waitStreaming(t)

@@ -29,6 +29,10 @@ func AMQPURL() string {
 	return DefaultAMQPURL
 }
 
+// AMQPAddr is host:port of the shared broker (AMQPURL): what a test puts a
+// proxy or a TLS terminator in front of.
+func AMQPAddr() string { return brokerAddr(AMQPURL()) }
+
 // CheckAMQP dials the broker and closes the connection again. The error tells
 // a human how to fix it and never contains the password.
 func CheckAMQP(ctx context.Context, url string) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/sethvargo/go-envconfig"
@@ -39,8 +40,22 @@ func Config(t testing.TB, vars map[string]string) config.Config {
 }
 
 // Environ is this process's environment plus vars, for the relay binary.
+// The test environment's own CDCRELAY_* variables (CDCRELAY_TEST_AMQP_URL,
+// CDCRELAY_RABBITMQ_BIN, …) are left out: the relay would warn of each as
+// unknown, which tests of its warnings must not see.
 func Environ(vars map[string]string) []string {
-	env := os.Environ()
+	known := map[string]bool{}
+	for _, k := range config.Known() {
+		known[k] = true
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, config.Prefix) && !known[name] {
+			continue
+		}
+		env = append(env, kv)
+	}
 	for k, v := range vars {
 		env = append(env, config.Prefix+k+"="+v)
 	}
