@@ -29,7 +29,10 @@ func TestIntegrationTopicMatchAgreesWithBroker(t *testing.T) {
 	keys := []string{"", "a", "a.", ".a", ".", "..", "a.b", "a..b", "a.x.b", "a.x.y.b", "b", "x.a.y", "a.a"}
 	for i, p := range patterns {
 		q := fmt.Sprintf("topic-%d", i)
-		if _, err := ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
+		// Exclusive: this channel's connection declares, fills and reads
+		// every queue and lasts the test; RabbitMQ 4.3 refuses a transient
+		// queue that is not exclusive.
+		if _, err := ch.QueueDeclare(q, false, false, true, false, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := ch.QueueBind(q, p, "topics", false, nil); err != nil {

@@ -44,18 +44,22 @@ func TestIntegrationBrokerLinkReset(t *testing.T) {
 func TestIntegrationBrokerNacks(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	limited := testenv.UniqueName("cdcrelay.faults.limited")
+	// Durable, not exclusive: w.drain consumes it from another connection,
+	// and RabbitMQ 4.3 refuses a transient queue that is not exclusive.
+	// Nothing auto-deletes it, so the cleanup, registered before the
+	// declaration so that a failed bind still removes it, deletes it.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = testenv.DeleteQueue(ctx, w.amqpURL, limited)
+	})
 	w.amqp(t, func(ch *amqp.Channel) error {
-		if _, err := ch.QueueDeclare(limited, false, true, false, false, amqp.Table{
+		if _, err := ch.QueueDeclare(limited, true, false, false, false, amqp.Table{
 			"x-max-length": int32(10), "x-overflow": "reject-publish",
 		}); err != nil {
 			return err
 		}
 		return ch.QueueBind(limited, "limited.#", w.exchange, false, nil)
-	})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = testenv.DeleteQueue(ctx, w.amqpURL, limited)
 	})
 	r := w.startRelay(nil)
 	r.waitStreaming(t)

@@ -46,6 +46,10 @@ func TestIntegrationCheckSeesStalls(t *testing.T) {
 	ctl("set_user_tags", "monitor", "monitoring")
 	ctl("set_permissions", "-p", "/", "monitor", "", "", ".*")
 	mgmtURL := strings.Replace(node.ManagementURL(), "guest:guest@", "monitor:"+stallMgmtPassword+"@", 1)
+	// The subtests' queues are exclusive to ch, whose connection lasts the
+	// whole test: check reaches them only through the management API and
+	// the exchanges, and RabbitMQ 4.3 refuses a transient queue that is not
+	// exclusive.
 	_, ch := testenv.MustChannel(t, node.URL())
 
 	// errorsOf runs check and returns its findings and how many errors
@@ -92,7 +96,7 @@ func TestIntegrationCheckSeesStalls(t *testing.T) {
 		fs, _ = errorsOf(t, f, nil)
 		want(t, fs, [2]string{"topology", `its alternate exchange "` + ae + `" (policy "ae-` + f.exchange + `") reaches no queue either`})
 		q := f.exchange + ".parked"
-		if _, err := ch.QueueDeclare(q, false, true, false, false, nil); err != nil {
+		if _, err := ch.QueueDeclare(q, false, true, true, false, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := ch.QueueBind(q, "", ae, false, nil); err != nil {
@@ -109,7 +113,7 @@ func TestIntegrationCheckSeesStalls(t *testing.T) {
 	t.Run("recent rows with an unbound key", func(t *testing.T) {
 		f := newFixture(t, pg, node.URL())
 		q := f.exchange + ".orders"
-		if _, err := ch.QueueDeclare(q, false, true, false, false, nil); err != nil {
+		if _, err := ch.QueueDeclare(q, false, true, true, false, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := ch.QueueBind(q, "orders.*", f.exchange, false, nil); err != nil {
@@ -139,7 +143,7 @@ func TestIntegrationCheckSeesStalls(t *testing.T) {
 	t.Run("broker user permissions", func(t *testing.T) {
 		f := newFixture(t, pg, node.URL())
 		q := f.exchange + ".all"
-		if _, err := ch.QueueDeclare(q, false, true, false, false, nil); err != nil {
+		if _, err := ch.QueueDeclare(q, false, true, true, false, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := ch.QueueBind(q, "#", f.exchange, false, nil); err != nil {
@@ -216,14 +220,14 @@ func TestIntegrationCheckSeesStalls(t *testing.T) {
 				t.Errorf("a probe left a binding: %v", b)
 			}
 		}
-		if st, err := ch.QueueDeclarePassive(q, false, true, false, false, nil); err != nil || st.Messages != 0 {
+		if st, err := ch.QueueDeclarePassive(q, false, true, true, false, nil); err != nil || st.Messages != 0 {
 			t.Errorf("queue %s after the probes: %d messages, %v", q, st.Messages, err)
 		}
 	})
 
 	t.Run("second relay slot", func(t *testing.T) {
 		f := newFixture(t, pg, node.URL())
-		if _, err := ch.QueueDeclare(f.exchange+".all", false, true, false, false, nil); err != nil {
+		if _, err := ch.QueueDeclare(f.exchange+".all", false, true, true, false, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := ch.QueueBind(f.exchange+".all", "#", f.exchange, false, nil); err != nil {

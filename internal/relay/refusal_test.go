@@ -43,9 +43,12 @@ func startSlowQueue(t *testing.T, e *env, binding string, maxLen int, perMessage
 		t.Fatal(err)
 	}
 	name := testenv.UniqueName("cdcrelay.bounded")
-	t.Cleanup(func() { _ = testenv.DeleteQueue(context.Background(), e.amqpURL, name) })
+	// Exclusive to conn, which declares, binds and consumes it and lives as
+	// long as the test (the relay only publishes to it through the
+	// exchange): RabbitMQ 4.3 refuses a transient queue that is not
+	// exclusive, and this one goes away with conn, so nothing deletes it.
 	args := amqp.Table{"x-max-length": int64(maxLen), "x-overflow": "reject-publish"}
-	if _, err := ch.QueueDeclare(name, false, false, false, false, args); err != nil {
+	if _, err := ch.QueueDeclare(name, false, false, true, false, args); err != nil {
 		t.Fatal(err)
 	}
 	if err := ch.QueueBind(name, binding, e.exchange, false, nil); err != nil {
