@@ -180,3 +180,28 @@ func (c *Client) Policies(ctx context.Context, vhost string) ([]Policy, error) {
 	}
 	return ps, nil
 }
+
+// DeprecatedFeature is one entry of /api/deprecated-features/used
+// (RabbitMQ 3.13 and later): a deprecated feature something on the broker
+// uses. RabbitMQ 4.3 answers name, deprecation_phase, desc (often empty),
+// doc_url (empty for some) and provided_by.
+type DeprecatedFeature struct {
+	Name string `json:"name"`
+	// DeprecationPhase is permitted_by_default, denied_by_default,
+	// disconnected or removed.
+	DeprecationPhase string `json:"deprecation_phase"`
+	Desc             string `json:"desc"`
+	DocURL           string `json:"doc_url"`
+	ProvidedBy       string `json:"provided_by"`
+}
+
+// DeprecatedFeaturesUsed lists the deprecated features in use on the
+// broker. A broker before RabbitMQ 3.13 has no such endpoint: the error is
+// then ErrNotFound.
+func (c *Client) DeprecatedFeaturesUsed(ctx context.Context) ([]DeprecatedFeature, error) {
+	var fs []DeprecatedFeature
+	if err := c.Get(ctx, &fs, "deprecated-features", "used"); err != nil {
+		return nil, err
+	}
+	return fs, nil
+}

@@ -171,7 +171,7 @@ func TestTopologyChecksUnboundExchange(t *testing.T) {
 		"/api/exchanges/prod/events2/bindings/source":  []binding{},
 		"/api/exchanges/prod/unrouted":                 exchangeInfo{Name: "unrouted", Type: "fanout"},
 		"/api/exchanges/prod/unrouted/bindings/source": []binding{{Destination: "unrouted", DestinationType: "queue"}},
-		"/api/queues/prod/unrouted":                    queueInfo{Name: "unrouted"},
+		"/api/queues/prod/unrouted":                    queueInfo{Name: "unrouted", Durable: true},
 		"/api/policies/prod":                           []brokerapi.Policy{{Name: "ae", Pattern: "^events2$", ApplyTo: "exchanges", Definition: map[string]any{"alternate-exchange": "unrouted"}}},
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -30,10 +30,20 @@ func TestOverflowFinding(t *testing.T) {
 			EffectivePolicyDefinition: map[string]any{"overflow": "reject-publish"}}, true, Warn, "drop-head (argument x-overflow)"},
 		{"reject-publish-dlx", queueInfo{Arguments: map[string]any{"x-max-length-bytes": 100.0, "x-overflow": "reject-publish-dlx"}}, true, OK, "dead-letter exchange"},
 		{"overflow without a limit", queueInfo{Arguments: map[string]any{"x-overflow": "drop-head"}}, false, OK, ""},
+		// A quorum queue overshoots its limit by what is in flight: the
+		// finding names the relay's window, from its configuration.
+		{"quorum, reject-publish argument", queueInfo{Type: "quorum", Arguments: map[string]any{"x-queue-type": "quorum", "x-max-length": 2.0, "x-overflow": "reject-publish"}}, true, Warn,
+			"and overflow reject-publish (argument x-overflow), but a quorum queue refuses only once it is over its limit and takes what was already published: it can hold up to the relay's in-flight window past the limit (CDCRELAY_MAX_IN_FLIGHT=500, shared by CDCRELAY_PUBLISH_CHANNELS=2). Nothing is lost"},
+		{"quorum, reject-publish from the policy", queueInfo{Type: "quorum", Policy: "p", EffectivePolicyDefinition: map[string]any{"max-length-bytes": 1e6, "overflow": "reject-publish"}}, true, Warn, "not a hard bound"},
+		{"quorum told by its argument", queueInfo{Arguments: map[string]any{"x-queue-type": "quorum", "x-max-length": 2.0, "x-overflow": "reject-publish"}}, true, Warn, "a quorum queue refuses only once"},
+		{"quorum, drop-head", queueInfo{Type: "quorum", Arguments: map[string]any{"x-max-length": 2.0}}, true, Warn, "overflow drop-head (the default): when it is full the broker acks"},
+		{"quorum, reject-publish-dlx drops", queueInfo{Type: "quorum", Policy: "p", EffectivePolicyDefinition: map[string]any{"max-length": 2.0, "overflow": "reject-publish-dlx"}}, true, Warn,
+			`overflow reject-publish-dlx, which a quorum queue does not support (policy "p"): when it is full the broker acks the relay's publish and silently drops the oldest message`},
+		{"quorum without a limit", queueInfo{Type: "quorum", Arguments: map[string]any{"x-queue-type": "quorum", "x-overflow": "reject-publish"}}, false, OK, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			c.q.Name = "orders"
-			f, limited := overflowFinding("/", "events", c.q)
+			f, limited := overflowFinding("/", "events", c.q, inFlight{messages: 500, channels: 2})
 			if limited != c.limited {
 				t.Fatalf("limited = %v, want %v (%+v)", limited, c.limited, f)
 			}
@@ -45,6 +55,14 @@ func TestOverflowFinding(t *testing.T) {
 			}
 			if f.Severity == Warn && !strings.Contains(f.Remedy, "reject-publish") {
 				t.Fatalf("remedy %q does not name reject-publish", f.Remedy)
+			}
+			// A quorum queue's overshoot is told once, with the window.
+			n := strings.Count(f.Message+f.Remedy, "in-flight window past the limit (CDCRELAY_MAX_IN_FLIGHT=500, shared by CDCRELAY_PUBLISH_CHANNELS=2)")
+			if quorum := isQuorum(c.q); quorum != (n == 1) || n > 1 {
+				t.Fatalf("quorum %v, the window named %d times: %q remedy %q", quorum, n, f.Message, f.Remedy)
+			}
+			if isQuorum(c.q) && !strings.Contains(f.Remedy, "classic queue") {
+				t.Fatalf("remedy %q does not offer a classic queue", f.Remedy)
 			}
 		})
 	}
@@ -64,8 +82,8 @@ func TestTopologyChecksFakeAPI(t *testing.T) {
 		"/api/exchanges/%2F/fanout/bindings/source": []binding{{Destination: "capped", DestinationType: "queue"}, {Destination: "events", DestinationType: "exchange"}},
 		"/api/exchanges/%2F/dlx/bindings/source":    []binding{},
 		"/api/exchanges/%2F/dlx":                    exchangeInfo{Name: "dlx", Type: "topic"},
-		"/api/queues/%2F/plain":                     queueInfo{Name: "plain"},
-		"/api/queues/%2F/capped":                    queueInfo{Name: "capped", Arguments: map[string]any{"x-max-length": 3.0}},
+		"/api/queues/%2F/plain":                     queueInfo{Name: "plain", Durable: true},
+		"/api/queues/%2F/capped":                    queueInfo{Name: "capped", Durable: true, Arguments: map[string]any{"x-max-length": 3.0}},
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, pw, _ := r.BasicAuth(); pw != password {
