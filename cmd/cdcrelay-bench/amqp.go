@@ -51,6 +51,8 @@ func startConsumer(ctx context.Context, url string, queues ...string) (*consumer
 	for _, queue := range queues {
 		ch, err := conn.Channel()
 		if err == nil {
+			// Per consumer (global false): global QoS is deprecated in
+			// RabbitMQ 4.x and unsupported by quorum queues.
 			err = ch.Qos(consumerPrefetch, 0, false)
 		}
 		var msgs <-chan amqp.Delivery

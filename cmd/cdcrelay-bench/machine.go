@@ -50,14 +50,16 @@ type machineInfo struct {
 	goBench   string
 	goRelay   string
 	postgres  string
-	rabbitmq  string
+	broker    string // product and version from the broker's handshake (brokerName)
+	brokerAt  string // its URL, password redacted
+	brokerBy  string // what chose it: the flag, a variable or the default
 	loadStart string
 	loadEnd   string
 }
 
 func readMachine(relay string) machineInfo {
 	m := machineInfo{date: time.Now().UTC(), cpus: runtime.NumCPU(), goBench: runtime.Version(), model: "unknown",
-		kernel: "unknown", memory: "unknown", goRelay: "unknown", postgres: "unknown", rabbitmq: "unknown", loadStart: readLoadAvg()}
+		kernel: "unknown", memory: "unknown", goRelay: "unknown", postgres: "unknown", broker: "unknown", loadStart: readLoadAvg()}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		m.model = parseCPUModel(string(b))
 	}

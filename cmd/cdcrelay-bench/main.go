@@ -21,9 +21,11 @@
 // that part did not run (standby.go, standbybin.go).
 //
 // It starts its own throwaway PostgreSQL cluster (internal/testenv, fsync
-// off), uses the local RabbitMQ with its own exchange and queues (deleted
-// at the end) and runs the relay as a subprocess, as an operator would. It
-// builds nothing itself: pass the binary with -relay (make bench builds it).
+// off), uses a RabbitMQ with its own exchange and queues (deleted at the
+// end) and runs the relay as a subprocess, as an operator would. The broker
+// is the local one unless -amqp-url or $BENCH_AMQP_URL names another; the
+// report names its product and version (broker.go). It builds nothing
+// itself: pass the binary with -relay (make bench builds it).
 package main
 
 import (
@@ -40,6 +42,7 @@ import (
 
 type options struct {
 	relay          string
+	broker         brokerChoice  // the broker measured against (broker.go)
 	backlog        int           // events in the drain backlog and in the one large transaction
 	drainerBacklog int           // events the polling drainer drains (it runs at most 400 ev/s)
 	bigPayloads    int           // events of 512 KiB in the large-payload backlog
@@ -64,6 +67,7 @@ func main() {
 func run() int {
 	var opts options
 	var quick bool
+	amqpURL := flag.String("amqp-url", "", "the broker to measure against, amqp://user:password@host:port/vhost (default: $"+benchAMQPURLEnv+", else $CDCRELAY_TEST_AMQP_URL, else the local guest account on 127.0.0.1:5672)")
 	flag.StringVar(&opts.relay, "relay", "bin/cdcrelay", "path to the cdcrelay binary (make build)")
 	flag.IntVar(&opts.backlog, "backlog", 100_000, "events in the backlog drain and in the one large transaction")
 	flag.IntVar(&opts.drainerBacklog, "drainer-backlog", 10_000, "events the polling drainer baseline drains")
@@ -82,9 +86,9 @@ func run() int {
 	flag.BoolVar(&opts.verbose, "v", false, "print each latency phase second by second")
 	flag.BoolVar(&opts.strict, "strict", false, "exit with status 3 when a target is missed")
 	flag.Parse()
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if quick {
-		set := map[string]bool{}
-		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["backlog"] {
 			opts.backlog = 10_000
 		}
@@ -111,6 +115,10 @@ func run() int {
 		return 2
 	}
 	var err error
+	if opts.broker, err = chooseBroker(*amqpURL, set["amqp-url"], os.Getenv); err != nil {
+		fmt.Fprintln(os.Stderr, "cdcrelay-bench: broker:", err)
+		return 2
+	}
 	if opts.standbyLayout, err = standbyLayoutOption(*layout, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "cdcrelay-bench: -standby-layout:", err)
 		return 2
@@ -147,6 +155,10 @@ func run() int {
 // report prints the results and returns the exit status: 3 for a missed
 // target with -strict. With -standby-only there is only the standby part.
 func report(res *results, opts options, began time.Time) int {
+	// The broker first: every throughput below is relative to its ceiling,
+	// so a report is read against the broker it ran on.
+	fmt.Fprintln(stdout)
+	fmt.Fprint(stdout, brokerLine(res.machine))
 	var rows [][]string
 	targets := res.standby.targetRows()
 	if !opts.standbyOnly {

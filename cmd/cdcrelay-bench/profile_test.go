@@ -46,7 +46,12 @@ func TestProfileRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &bench{opts: options{relay: bin, backlog: *profileBacklog, inflight: 1000, latencyFor: *profileFor}, res: &results{}}
+	// The same broker `make bench` would use: $BENCH_AMQP_URL, else the tests'.
+	broker, err := chooseBroker("", false, os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bench{opts: options{relay: bin, broker: broker, backlog: *profileBacklog, inflight: 1000, latencyFor: *profileFor}, res: &results{}}
 	defer b.teardown()
 	if err := b.setup(ctx); err != nil {
 		t.Fatal(err)

@@ -203,7 +203,7 @@ func (r *results) notes(opts options) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "date:       %s\n", m.date.Format(time.RFC3339))
 	fmt.Fprintf(&b, "machine:    %d CPUs, %s, %s RAM, Linux %s, load average %s at start, %s at end\n", m.cpus, m.model, m.memory, m.kernel, m.loadStart, m.loadEnd)
-	fmt.Fprintf(&b, "software:   relay built with %s, bench %s, PostgreSQL %s (throwaway cluster, fsync=off), RabbitMQ %s (shared local broker)\n", m.goRelay, m.goBench, m.postgres, m.rabbitmq)
+	fmt.Fprintf(&b, "software:   relay built with %s, bench %s, PostgreSQL %s (throwaway cluster, fsync=off), %s\n", m.goRelay, m.goBench, m.postgres, m.broker)
 	fmt.Fprintf(&b, "sizes:      backlog %s, %s events of %d KiB, drainer backlog %s, latency phases %s each, idle windows %s, payload %d bytes, %d in flight\n",
 		toolkit.Thousands(opts.backlog), toolkit.Thousands(opts.bigPayloads), bigPayloadBytes>>10, toolkit.Thousands(opts.drainerBacklog), opts.latencyFor, opts.idleFor, r.payloadBytes, opts.inflight)
 	if len(r.passThrough) > 0 {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,10 +22,15 @@ import (
 func (b *bench) setup(ctx context.Context) error {
 	r := b.res
 	r.machine = readMachine(b.opts.relay)
-	b.amqpURL = testenv.AMQPURL()
-	if err := testenv.CheckAMQP(ctx, b.amqpURL); err != nil {
+	b.amqpURL = b.opts.broker.url
+	// Before the cluster starts: a wrong broker fails in seconds, and its
+	// name heads the progress lines of a run that takes minutes.
+	name, err := probeBroker(ctx, b.amqpURL)
+	if err != nil {
 		return err
 	}
+	r.machine.broker, r.machine.brokerAt, r.machine.brokerBy = name, redactedURL(b.amqpURL), b.opts.broker.from
+	say("%s", strings.TrimSpace(brokerLine(r.machine)))
 	b.brokerPID = findBroker(b.amqpURL)
 	say("starting a throwaway PostgreSQL cluster (fsync off, pg_stat_statements)")
 	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{
@@ -85,15 +91,12 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.defer_("stop consumer", func(context.Context) error { return b.cons.close() })
-	if v, ok := b.cons.conn.Properties["version"].(string); ok {
-		r.machine.rabbitmq = v
-	}
 	b.relayVars = map[string]string{
 		"DATABASE_URL": b.relayURL, "AMQP_URL": b.amqpURL, "EXCHANGE": b.exchange, "SLOT": benchSlot,
 		"HTTP_ADDR": "127.0.0.1:0", "LOG_LEVEL": "warn", "MAX_IN_FLIGHT": strconv.Itoa(b.opts.inflight),
 	}
 	r.passThrough = passedThrough(b.relayVars)
-	say("PostgreSQL %s, RabbitMQ %s, exchange %s, queue %s, payload %d bytes", r.machine.postgres, r.machine.rabbitmq, b.exchange, b.queue, r.payloadBytes)
+	say("PostgreSQL %s, %s, exchange %s, queue %s, payload %d bytes", r.machine.postgres, r.machine.broker, b.exchange, b.queue, r.payloadBytes)
 	return nil
 }
 
@@ -128,6 +131,10 @@ func (b *bench) declare(ctx context.Context) error {
 		return err
 	}
 	bind := func(queue string, keys ...string) error {
+		// Durable, not exclusive, no x-queue-mode or other optional
+		// arguments: RabbitMQ 4.3 refuses a transient non-exclusive queue
+		// (541, closing the connection) and deprecates the rest, so only
+		// this shape runs on every broker the bench is pointed at.
 		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("declare queue: %w", err)
 		}
