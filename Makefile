@@ -22,7 +22,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # IMAGEFLAGS=-arch=arm64 builds for another architecture.
 IMAGEFLAGS ?=
 
-.PHONY: build image demo demo-inbox tour-db test test-unit test-go test-faults test-pg-matrix test-alerts fuzz chart-test test-k8s bench bench-retention lint clean
+.PHONY: build image demo demo-inbox tour-db test test-unit test-go test-faults test-pg-matrix test-rabbitmq4 test-rabbitmq4-relay test-rabbitmq4-kit test-rabbitmq4-faults test-alerts fuzz chart-test test-k8s bench bench-retention lint clean
 
 build:
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/cdcrelay ./cmd/cdcrelay
@@ -120,6 +120,43 @@ test-pg-matrix:
 	GO='$(GO)' PGMATRIX_VERSIONS='$(PGMATRIX_VERSIONS)' PGMATRIX_TESTS='$(PGMATRIX_TESTS)' \
 		PGMATRIX_TESTS_16='$(PGMATRIX_TESTS_16)' PGMATRIX_TESTS_17='$(PGMATRIX_TESTS_17)' .ci/pg-matrix
 
+# RabbitMQ 4.x (docs/testing.md, "RabbitMQ 4.x"): .ci/with-rabbitmq4 starts
+# a throwaway 4.3 node from the chroot .ci/install-rabbitmq builds once per
+# machine in /var/cache/cdcrelay/rabbitmq4 (needs root), with upstream's
+# deprecation defaults, and points the shared-broker tests and the private
+# nodes (refusals, max_message_size, alarms, node loss, a 3-node cluster)
+# at 4.3. The relay's tests that talk to the broker (RABBITMQ4_RELAY_TESTS:
+# publishing, confirms, refusals, returns, parking, lanes, adoption, TLS,
+# the stream and quorum targets; those that exercise only PostgreSQL run
+# against 3.10 alone), the fault matrix's broker cases, tail, check, inbox
+# and the kit. Without -race: the race detector is about the relay's code,
+# which make test and make test-faults run with it; this target is about
+# the broker. .ci/run runs it.
+RABBITMQ4_RELAY_TESTS = ^TestIntegration(Adoption[A-Za-z]*|HeaderValuesExact|LanesStallNoRepublish|ModelReturnOnIdleOutboxRetriesWithChannels|MonitorDuringBrokerOutage|NeedsOperatorBrokerPassword|PartitionedPublishing|OversizeShortStringsParked|Poison[A-Za-z]*|Unroutable[A-Za-z]*|StatusSaysWhyItRetries|AckedBeforeRefusalNotRepublished|BoundedQueueMakesProgress|BrokerRefusedHeaderParked|DeadLetterCopyNeverStalls|ExactlyOnceInCommitOrder|SIGKILLMidStream|InsertedWhileDown|IdleSlotAdvances|WatermarkWaitsForConfirms|ReturnedMessageBlocksTheSlot|MessageShape|AMQPTLS|NoSecretInOutput|StreamTarget|QuorumLengthLimitOvershoot|MetricsUnderLoad|JanitorNeverMarksUnacked)$$
+RABBITMQ4_FAULT_TESTS = ^TestIntegration(BoundedQueueReview[A-Za-z]*|BrokerSizeLimit(Parked|Raised)|StopWhileBrokerBlocksAFullSocket)$$
+
+# One 4.3 node for the three groups, run side by side (-j 3; they mostly
+# wait on the broker and the clock), each group's output kept together (-O).
+RABBITMQ4_ONLY = case "$$CDCRELAY_TEST_AMQP_URL" in *:$${RABBITMQ4_PORT:-5870}/*) ;; \
+	*) echo "$@ runs inside .ci/with-rabbitmq4: use make test-rabbitmq4" >&2; exit 1 ;; esac
+
+test-rabbitmq4:
+	.ci/with-rabbitmq4 $(MAKE) --no-print-directory -j 3 -O test-rabbitmq4-relay test-rabbitmq4-kit test-rabbitmq4-faults
+
+test-rabbitmq4-relay:
+	@$(RABBITMQ4_ONLY)
+	$(GO) test -count=1 -timeout 15m -parallel 4 -run '$(RABBITMQ4_RELAY_TESTS)' ./internal/relay/
+	$(GO) test -tags faults -count=1 -timeout 10m -parallel 4 -run '$(RABBITMQ4_FAULT_TESTS)' ./internal/relay/
+
+test-rabbitmq4-kit:
+	@$(RABBITMQ4_ONLY)
+	$(GO) test -count=1 -timeout 15m -parallel 4 -run '^TestIntegration' \
+		./cmd/cdcrelay/ ./inbox/ ./internal/preflight/ ./internal/publish/ ./internal/brokerapi/ ./internal/testenv/
+
+test-rabbitmq4-faults:
+	@$(RABBITMQ4_ONLY)
+	$(GO) test -tags faults -count=1 -timeout 20m -run '^TestIntegrationBroker' ./internal/faults/
+
 # Each fuzz target for a fixed count (about 2 min in all, with the fuzzing
 # builds); their seed corpora run in every go test. .ci/run runs it.
 fuzz:
@@ -158,7 +195,10 @@ test-alerts:
 
 # Measures the relay against the broker's own ceiling in one run (4-5 min):
 # drain, latency, PostgreSQL load and memory; see docs/performance.md.
-# BENCHFLAGS=-quick for a one-minute smoke run.
+# BENCHFLAGS=-quick for a one-minute smoke run. The broker is the local one
+# (127.0.0.1:5672) unless BENCH_AMQP_URL in the environment names another,
+# e.g. BENCH_AMQP_URL=amqp://guest:guest@127.0.0.1:5870/ make bench; the
+# report's first line names the broker's product and version.
 bench: build
 	$(GO) run ./cmd/cdcrelay-bench -relay bin/cdcrelay $(BENCHFLAGS)
 

@@ -151,30 +151,6 @@ func (r *RabbitMQ) setup(ctx context.Context) error {
 	return fmt.Errorf("no free ports after %d attempts: %w", portAttempts, lastErr)
 }
 
-func (r *RabbitMQ) writeConfig() error {
-	settings := map[string]string{
-		"listeners.tcp.default": "127.0.0.1:" + strconv.Itoa(r.port),
-		// A busy /tmp must not trip the disk alarm and block publishers.
-		"disk_free_limit.absolute": "1MB",
-		"log.file.level":           "info",
-		"log.console":              "false",
-	}
-	for k, v := range r.config {
-		settings[k] = v
-	}
-	keys := make([]string, 0, len(settings))
-	for k := range settings {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var b strings.Builder
-	b.WriteString("# written by cdcrelay internal/testenv\n")
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%s = %s\n", k, settings[k])
-	}
-	return os.WriteFile(filepath.Join(r.dir, "rabbitmq.conf"), []byte(b.String()), 0o600)
-}
-
 // env is the environment of the node and of rabbitmqctl.
 func (r *RabbitMQ) env() []string {
 	var env []string
