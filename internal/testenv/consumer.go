@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"sync"
 	"time"
 
@@ -209,19 +208,7 @@ func (c *Consumer) drain(ctx context.Context, sess *consumerSession) {
 }
 
 func (c *Consumer) record(d amqp.Delivery) {
-	rec := Delivery{
-		MessageID:    d.MessageId,
-		Exchange:     d.Exchange,
-		RoutingKey:   d.RoutingKey,
-		Type:         d.Type,
-		ContentType:  d.ContentType,
-		Headers:      maps.Clone(map[string]any(d.Headers)),
-		Body:         d.Body,
-		Timestamp:    d.Timestamp,
-		ReceivedAt:   time.Now(),
-		Redelivered:  d.Redelivered,
-		DeliveryMode: d.DeliveryMode,
-	}
+	rec := deliveryOf(d)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.deliveries = append(c.deliveries, rec)

@@ -87,17 +87,9 @@ func ReadStream(ctx context.Context, url, queue string, n int, quiet time.Durati
 		select {
 		case d, ok := <-msgs:
 			if !ok {
-				var reason error = errors.New("closed")
-				select {
-				case e := <-closed:
-					if e != nil {
-						reason = e
-					}
-				case <-time.After(time.Second):
-				}
-				return got, fmt.Errorf("stream %q: channel ended after %d of %d messages: %w", queue, len(got), n, reason)
+				return got, fmt.Errorf("stream %q: channel ended after %d of %d messages: %w", queue, len(got), n, closeReason(closed))
 			}
-			got = append(got, streamDelivery(d))
+			got = append(got, deliveryOf(d))
 			if err := d.Ack(false); err != nil {
 				return got, fmt.Errorf("stream %q: ack: %w", queue, err)
 			}
@@ -113,8 +105,21 @@ func ReadStream(ctx context.Context, url, queue string, n int, quiet time.Durati
 	}
 }
 
-// streamDelivery records d as the Consumer does.
-func streamDelivery(d amqp.Delivery) Delivery {
+// closeReason is the error the broker closed the channel with, if it says
+// within a second, else a plain "closed".
+func closeReason(closed <-chan *amqp.Error) error {
+	select {
+	case e := <-closed:
+		if e != nil {
+			return e
+		}
+	case <-time.After(time.Second):
+	}
+	return errors.New("closed")
+}
+
+// deliveryOf is what the Consumer and ReadStream record of a delivery.
+func deliveryOf(d amqp.Delivery) Delivery {
 	return Delivery{
 		MessageID:    d.MessageId,
 		Exchange:     d.Exchange,
