@@ -2,9 +2,6 @@ package preflight
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -174,15 +171,7 @@ func TestTopologyChecksUnboundExchange(t *testing.T) {
 		"/api/queues/prod/unrouted":                    queueInfo{Name: "unrouted", Durable: true},
 		"/api/policies/prod":                           []brokerapi.Policy{{Name: "ae", Pattern: "^events2$", ApplyTo: "exchanges", Definition: map[string]any{"alternate-exchange": "unrouted"}}},
 	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		a, ok := answers[r.URL.EscapedPath()]
-		if !ok {
-			http.Error(w, `{"error":"Object Not Found"}`, http.StatusNotFound)
-			return
-		}
-		_ = json.NewEncoder(w).Encode(a)
-	}))
-	defer srv.Close()
+	srv := fakeManagement(t, "", answers)
 	cfg := config.Config{AMQPURL: "amqp://relay:pw@127.0.0.1:5672/prod", Exchange: "events2", Unroutable: config.UnroutableStall}
 	opts := Options{Timeout: 5 * time.Second}
 

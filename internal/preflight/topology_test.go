@@ -85,19 +85,7 @@ func TestTopologyChecksFakeAPI(t *testing.T) {
 		"/api/queues/%2F/plain":                     queueInfo{Name: "plain", Durable: true},
 		"/api/queues/%2F/capped":                    queueInfo{Name: "capped", Durable: true, Arguments: map[string]any{"x-max-length": 3.0}},
 	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, pw, _ := r.BasicAuth(); pw != password {
-			http.Error(w, `{"error":"not_authorised","reason":"Login failed"}`, http.StatusUnauthorized)
-			return
-		}
-		a, ok := answers[r.URL.EscapedPath()]
-		if !ok {
-			http.Error(w, `{"error":"Object Not Found"}`, http.StatusNotFound)
-			return
-		}
-		_ = json.NewEncoder(w).Encode(a)
-	}))
-	defer srv.Close()
+	srv := fakeManagement(t, password, answers)
 	cfg := config.Config{AMQPURL: "amqp://relay:amqp-pw@127.0.0.1:5672/", Exchange: "events", DeadLetterExchange: "dlx"}
 	opts := Options{Timeout: 5 * time.Second}
 	mgmt := strings.Replace(srv.URL, "http://", "http://monitor:"+password+"@", 1)
@@ -130,4 +118,25 @@ func TestTopologyChecksFakeAPI(t *testing.T) {
 	if len(fs) != 1 || fs[0].Severity != OK || !strings.Contains(fs[0].Message, "were not checked") || !strings.Contains(fs[0].Message, managementURLVariable) {
 		t.Fatalf("without a management URL: %+v", fs)
 	}
+}
+
+// fakeManagement serves answers, by escaped path, as a management API
+// would: 404 for any other path, 401 when password is set and the request
+// does not carry it. It is closed when the test ends.
+func fakeManagement(t *testing.T, password string, answers map[string]any) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pw, _ := r.BasicAuth(); password != "" && pw != password {
+			http.Error(w, `{"error":"not_authorised","reason":"Login failed"}`, http.StatusUnauthorized)
+			return
+		}
+		a, ok := answers[r.URL.EscapedPath()]
+		if !ok {
+			http.Error(w, `{"error":"Object Not Found"}`, http.StatusNotFound)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(a)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }
