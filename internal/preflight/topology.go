@@ -266,7 +266,11 @@ func isQuorum(q queueInfo) bool {
 // quorum queue's limit can be overshot.
 func overflowFinding(vhost, exchange string, q queueInfo, w inFlight) (Finding, bool) {
 	var limits []string
-	for _, l := range []struct{ arg, policy string }{{"x-max-length", "max-length"}, {"x-max-length-bytes", "max-length-bytes"}} {
+	keys := []struct{ arg, policy string }{{"x-max-length", "max-length"}, {"x-max-length-bytes", "max-length-bytes"}}
+	if q.Type == "stream" {
+		keys = append(keys, struct{ arg, policy string }{"x-max-age", "max-age"})
+	}
+	for _, l := range keys {
 		if v, ok := q.Arguments[l.arg]; ok {
 			limits = append(limits, fmt.Sprintf("%s=%v (argument)", l.arg, number(v)))
 		}
@@ -276,6 +280,14 @@ func overflowFinding(vhost, exchange string, q queueInfo, w inFlight) (Finding, 
 	}
 	if len(limits) == 0 {
 		return Finding{}, false
+	}
+	if q.Type == "stream" {
+		// A stream's length limit is retention, not overflow: it takes
+		// every publish and discards whole old segments, read or not, and
+		// has no reject-publish to offer.
+		return Finding{Check: checkTopology, Severity: Warn,
+			Message: fmt.Sprintf("stream %q, bound to exchange %q, has retention %s: the broker acks every publish and discards the oldest segments once over it, whether or not a consumer has read them; a consumer further behind than that misses events the relay counts as delivered", q.Name, exchange, strings.Join(limits, " and ")),
+			Remedy:  "size the retention (x-max-length-bytes, x-max-age) for the longest a consumer may lag, and alert on consumer offset lag; a stream cannot refuse a publish when full"}, true
 	}
 	overflow, from := defaultOverflow, "the default"
 	if v, ok := q.EffectivePolicyDefinition["overflow"].(string); ok {

@@ -21,6 +21,9 @@ func TestOverflowFinding(t *testing.T) {
 		fragment string
 	}{
 		{"no limit", queueInfo{Arguments: map[string]any{"x-queue-type": "classic"}}, false, OK, ""},
+		{"stream retention by size", queueInfo{Type: "stream", Durable: true, Arguments: map[string]any{"x-max-length-bytes": 1e9}}, true, Warn, "retention x-max-length-bytes=1000000000 (argument): the broker acks every publish and discards the oldest segments"},
+		{"stream retention by age, no reject-publish remedy", queueInfo{Type: "stream", Durable: true, Arguments: map[string]any{"x-max-age": "7D"}}, true, Warn, "x-max-age=7D (argument)"},
+		{"stream without retention", queueInfo{Type: "stream", Durable: true}, false, OK, ""},
 		{"argument limit, default overflow", queueInfo{Arguments: map[string]any{"x-max-length": 10.0}}, true, Warn, "x-max-length=10 (argument) and overflow drop-head (the default)"},
 		{"bytes limit from a policy", queueInfo{Policy: "cap", EffectivePolicyDefinition: map[string]any{"max-length-bytes": 1048576.0}}, true, Warn, `max-length-bytes=1048576 (policy "cap") and overflow drop-head`},
 		{"explicit drop-head", queueInfo{Arguments: map[string]any{"x-max-length": 1.0, "x-overflow": "drop-head"}}, true, Warn, "overflow drop-head (argument x-overflow)"},
@@ -52,6 +55,13 @@ func TestOverflowFinding(t *testing.T) {
 			}
 			if f.Severity != c.sev || !strings.Contains(f.Message, c.fragment) {
 				t.Fatalf("%v %q; want %v with %q", f.Severity, f.Message, c.sev, c.fragment)
+			}
+			if c.q.Type == "stream" {
+				// A stream has no overflow setting to change.
+				if strings.Contains(f.Remedy, "reject-publish") || !strings.Contains(f.Remedy, "retention") {
+					t.Fatalf("stream remedy %q: want retention sizing, not reject-publish", f.Remedy)
+				}
+				return
 			}
 			if f.Severity == Warn && !strings.Contains(f.Remedy, "reject-publish") {
 				t.Fatalf("remedy %q does not name reject-publish", f.Remedy)
