@@ -10,7 +10,7 @@
 #
 # Without a container daemon or access to base images, `make image` builds the
 # equivalent image as an OCI archive with the Go toolchain alone
-# (cmd/cdcrelay-image; deploy/helm/README.md says how to push it).
+# (tools/image; deploy/helm/README.md says how to push it).
 
 FROM --platform=$BUILDPLATFORM golang:1.26 AS build
 WORKDIR /src

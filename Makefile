@@ -33,7 +33,7 @@ build:
 # podman: deploy/helm/README.md, "The image". The Dockerfile builds the same image
 # where a daemon and the base images are at hand.
 image:
-	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./cmd/cdcrelay-image -version $(VERSION) -revision "$(REVISION)" -o bin/cdcrelay-image.tar $(IMAGEFLAGS)
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./tools/image -version $(VERSION) -revision "$(REVISION)" -o bin/cdcrelay-image.tar $(IMAGEFLAGS)
 
 # Starts a throwaway PostgreSQL, runs the relay against it and the local
 # RabbitMQ, inserts sample events and shows them arriving with their latency.
@@ -205,7 +205,7 @@ test-alerts:
 # e.g. BENCH_AMQP_URL=amqp://guest:guest@127.0.0.1:5870/ make bench; the
 # report's first line names the broker's product and version.
 bench: build
-	$(GO) run ./cmd/cdcrelay-bench -relay bin/cdcrelay $(BENCHFLAGS)
+	$(GO) run ./tools/bench -relay bin/cdcrelay $(BENCHFLAGS)
 
 # Retention over 1,000,000 expired rows (1-2 min): buffers per batch, the
 # timed run and marking latency meanwhile; see docs/performance.md.

@@ -24,7 +24,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/svckit"
+	"github.com/cdcrelay/cdcrelay/internal/svckit/brokernode"
+	"github.com/cdcrelay/cdcrelay/internal/svckit/pgcluster"
 	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
@@ -96,14 +98,14 @@ func demo(ctx context.Context, opts options) (err error) {
 	if _, err := os.Stat(opts.relay); err != nil {
 		return fmt.Errorf("relay binary: %w (build it with: go build -o %s ./cmd/cdcrelay)", err, opts.relay)
 	}
-	amqpURL := testenv.AMQPURL()
+	amqpURL := brokernode.AMQPURL()
 	step("checking RabbitMQ at %s", redact(amqpURL))
-	if err := testenv.CheckAMQP(ctx, amqpURL); err != nil {
+	if err := brokernode.CheckAMQP(ctx, amqpURL); err != nil {
 		return err
 	}
 
 	step("starting a throwaway PostgreSQL cluster")
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Log: os.Stderr})
+	pg, err := pgcluster.StartPostgres(ctx, pgcluster.PostgresOptions{Log: os.Stderr})
 	if err != nil {
 		return err
 	}
@@ -116,14 +118,14 @@ func demo(ctx context.Context, opts options) (err error) {
 
 	// The queue must exist before the relay publishes: the relay publishes
 	// with mandatory, so an unroutable message is an error, not a drop.
-	queue := testenv.UniqueName("cdcrelay_demo")
+	queue := svckit.UniqueName("cdcrelay_demo")
 	step("declaring exchange %s and queue %s (bound with #)", demoExchange, queue)
-	consumer, err := testenv.NewConsumer(ctx, amqpURL, demoExchange, queue, "#")
+	consumer, err := brokernode.NewConsumer(ctx, amqpURL, demoExchange, queue, "#")
 	if err != nil {
 		return err
 	}
 	defer cleanup("delete exchange "+demoExchange, func(ctx context.Context) error {
-		return testenv.DeleteExchange(ctx, amqpURL, demoExchange)
+		return brokernode.DeleteExchange(ctx, amqpURL, demoExchange)
 	})
 	defer cleanup("delete queue "+queue, func(context.Context) error { return consumer.Close() })
 
@@ -153,7 +155,7 @@ func demo(ctx context.Context, opts options) (err error) {
 
 // deliver inserts the events while printing deliveries as they arrive, then
 // prints the summary. It fails if not every event arrived in time.
-func deliver(ctx context.Context, opts options, db *pgx.Conn, consumer *testenv.Consumer, relay *toolkit.Proc) error {
+func deliver(ctx context.Context, opts options, db *pgx.Conn, consumer *brokernode.Consumer, relay *toolkit.Proc) error {
 	step("inserting %d events at %s", opts.events, rateText(opts.rate))
 	watchCtx, cancelWatch := context.WithCancelCause(ctx)
 	defer cancelWatch(nil)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/svckit/pgcluster"
 )
 
 // tourDatabase is the database -serve creates for the README's tour.
@@ -17,7 +17,7 @@ const tourDatabase = "app"
 // stopped and removed with everything in it, the tour's slot included.
 func serveDatabase(ctx context.Context) error {
 	step("starting a throwaway PostgreSQL cluster (wal_level=logical)")
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Log: os.Stderr})
+	pg, err := pgcluster.StartPostgres(ctx, pgcluster.PostgresOptions{Log: os.Stderr})
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/svckit/brokernode"
 	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
@@ -22,7 +22,7 @@ type stats struct {
 
 // watch prints deliveries as they arrive until want distinct orders have
 // been received or ctx ends, and returns what it saw.
-func watch(ctx context.Context, c *testenv.Consumer, want int) *stats {
+func watch(ctx context.Context, c *brokernode.Consumer, want int) *stats {
 	st := &stats{seen: make(map[int]bool, want)}
 	next := 0
 	for st.delivered < want {
@@ -37,7 +37,7 @@ func watch(ctx context.Context, c *testenv.Consumer, want int) *stats {
 	return st
 }
 
-func (st *stats) add(d testenv.Delivery, want int) {
+func (st *stats) add(d brokernode.Delivery, want int) {
 	var ev orderEvent
 	if err := json.Unmarshal(d.Body, &ev); err != nil || ev.OrderID < 1 || ev.OrderID > want {
 		st.unexpected++

@@ -10,7 +10,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/cdcrelay/cdcrelay/inbox"
-	"github.com/cdcrelay/cdcrelay/internal/testenv"
+	"github.com/cdcrelay/cdcrelay/internal/svckit"
+	"github.com/cdcrelay/cdcrelay/internal/svckit/brokernode"
+	"github.com/cdcrelay/cdcrelay/internal/svckit/pgcluster"
 	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
 
@@ -21,12 +23,12 @@ func demo(ctx context.Context, opts options) (summary, error) {
 	if _, err := os.Stat(opts.relay); err != nil {
 		return sum, fmt.Errorf("relay binary: %w (build it with: make build)", err)
 	}
-	amqpURL := testenv.AMQPURL()
-	if err := testenv.CheckAMQP(ctx, amqpURL); err != nil {
+	amqpURL := brokernode.AMQPURL()
+	if err := brokernode.CheckAMQP(ctx, amqpURL); err != nil {
 		return sum, err
 	}
 	step("starting a throwaway PostgreSQL cluster")
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Log: os.Stderr})
+	pg, err := pgcluster.StartPostgres(ctx, pgcluster.PostgresOptions{Log: os.Stderr})
 	if err != nil {
 		return sum, err
 	}
@@ -39,13 +41,13 @@ func demo(ctx context.Context, opts options) (summary, error) {
 	outboxURL, consumerURL := pg.URL("demo"), pg.URL("consumer")
 	step("outbox database %s, consumer database %s", outboxURL, consumerURL)
 
-	queue := testenv.UniqueName("cdcrelay_inbox_demo")
+	queue := svckit.UniqueName("cdcrelay_inbox_demo")
 	step("declaring exchange %s and queue %s (bound with #)", demoExchange, queue)
 	if err := declareQueue(ctx, amqpURL, queue); err != nil {
 		return sum, err
 	}
-	defer cleanup("delete exchange "+demoExchange, func(ctx context.Context) error { return testenv.DeleteExchange(ctx, amqpURL, demoExchange) })
-	defer cleanup("delete queue "+queue, func(ctx context.Context) error { return testenv.DeleteQueue(ctx, amqpURL, queue) })
+	defer cleanup("delete exchange "+demoExchange, func(ctx context.Context) error { return brokernode.DeleteExchange(ctx, amqpURL, demoExchange) })
+	defer cleanup("delete queue "+queue, func(ctx context.Context) error { return brokernode.DeleteQueue(ctx, amqpURL, queue) })
 
 	env := relayEnv(outboxURL, amqpURL)
 	relayOut := newPrefixWriter(os.Stdout, "relay    | ", "")
@@ -90,10 +92,10 @@ func demo(ctx context.Context, opts options) (summary, error) {
 // declareQueue declares the demo's exchange and a durable queue bound to
 // it with #, before the relay publishes (it publishes with mandatory).
 func declareQueue(ctx context.Context, amqpURL, queue string) error {
-	if err := testenv.DeclareExchange(ctx, amqpURL, demoExchange); err != nil {
+	if err := brokernode.DeclareExchange(ctx, amqpURL, demoExchange); err != nil {
 		return err
 	}
-	conn, err := testenv.DialAMQP(ctx, amqpURL)
+	conn, err := brokernode.DialAMQP(ctx, amqpURL)
 	if err != nil {
 		return err
 	}
@@ -113,7 +115,7 @@ func declareQueue(ctx context.Context, amqpURL, queue string) error {
 
 // readyMessages is the number of messages waiting in queue.
 func readyMessages(ctx context.Context, amqpURL, queue string) (int, error) {
-	conn, err := testenv.DialAMQP(ctx, amqpURL)
+	conn, err := brokernode.DialAMQP(ctx, amqpURL)
 	if err != nil {
 		return 0, err
 	}

@@ -2,7 +2,9 @@ package testenv
 
 import (
 	"context"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -100,7 +102,7 @@ func TestIntegrationConsumerReconnects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := MustProxy(t, brokerAddr(url))
+	proxy := MustProxy(t, AMQPAddr())
 	viaProxy := uri
 	viaProxy.Host, viaProxy.Port = "127.0.0.1", proxyPort(t, proxy)
 
@@ -145,4 +147,17 @@ func publish(ctx context.Context, t *testing.T, url, exchange, key string, msg a
 	if ok, err := conf.WaitContext(ctx); !ok || err != nil {
 		t.Fatalf("publish %s: not confirmed (ack=%v, err=%v)", key, ok, err)
 	}
+}
+
+func proxyPort(t *testing.T, p *Proxy) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -124,24 +124,6 @@ func TestIntegrationStartPostgresReportsServerLog(t *testing.T) {
 	}
 }
 
-func TestVersionLess(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		a, b string
-		want bool
-	}{
-		{"9.6", "15", true},
-		{"15", "9.6", false},
-		{"14", "15", true},
-		{"16", "15", false},
-		{"15", "15", false},
-	} {
-		if got := versionLess(c.a, c.b); got != c.want {
-			t.Errorf("versionLess(%q, %q) = %v, want %v", c.a, c.b, got, c.want)
-		}
-	}
-}
-
 func TestUniqueName(t *testing.T) {
 	t.Parallel()
 	a, b := UniqueName("slot"), UniqueName("slot")

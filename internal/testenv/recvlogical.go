@@ -13,9 +13,9 @@ import (
 // The test's cleanup kills it; Kill ends it earlier.
 func (p *Postgres) StartRecvLogical(tb testing.TB, url, slot, pub string) *Process {
 	tb.Helper()
-	bin := filepath.Join(p.binDir, "pg_recvlogical")
+	bin := filepath.Join(p.BinDir(), "pg_recvlogical")
 	if _, err := os.Stat(bin); err != nil {
-		tb.Fatalf("pg_recvlogical is not in %s: %v", p.binDir, err)
+		tb.Fatalf("pg_recvlogical is not in %s: %v", p.BinDir(), err)
 	}
 	return StartProcess(tb, bin, os.Environ(), "--dbname", url, "--slot", slot, "--start", "--no-loop",
 		"--file", os.DevNull, "--status-interval", "1",

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/svckit"
 )
 
 func TestIntegrationStandbyReplays(t *testing.T) {
@@ -156,7 +158,7 @@ func TestIntegrationStandbyKilledPrimary(t *testing.T) {
 	}
 
 	pid := postmasterPID(t, primary)
-	children := childrenOf(pid)
+	children := svckit.Children(pid)
 	if len(children) == 0 {
 		t.Fatalf("postmaster %d has no children", pid)
 	}
@@ -165,7 +167,7 @@ func TestIntegrationStandbyKilledPrimary(t *testing.T) {
 	}
 	assertDown(t, primary)
 	for _, c := range append(children, pid) {
-		if alive(c) {
+		if svckit.Alive(c) {
 			t.Errorf("process %d of the killed cluster still runs", c)
 		}
 	}
@@ -253,25 +255,6 @@ func TestIntegrationStandbyKillStandby(t *testing.T) {
 	}
 	if _, err := os.Stat(standby.DataDir()); !os.IsNotExist(err) {
 		t.Errorf("standby data dir %s still exists after Close (stat err %v)", standby.DataDir(), err)
-	}
-}
-
-func TestParseMajor(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]int{
-		"postgres (PostgreSQL) 15.20 (Debian 15.20-0+deb12u1)\n": 15,
-		"postgres (PostgreSQL) 13.23\n":                          13,
-		"postgres (PostgreSQL) 18beta1\n":                        18,
-		"postgres (PostgreSQL) 10.1":                             10,
-	} {
-		if got, err := parseMajor(in); err != nil || got != want {
-			t.Errorf("parseMajor(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "postgres", "postgres (PostgreSQL) x", "postgres (PostgreSQL) 9.6.3"} {
-		if got, err := parseMajor(in); err == nil {
-			t.Errorf("parseMajor(%q) = %d, want an error", in, got)
-		}
 	}
 }
 

@@ -2,12 +2,12 @@ package testenv
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/cdcrelay/cdcrelay/internal/svckit"
 )
 
 // setupTimeout bounds starting a service from a test.
@@ -110,12 +110,8 @@ func MustProxy(tb testing.TB, target string) *Proxy {
 	return p
 }
 
-// UniqueName returns prefix + "_" + 12 random hex digits. With a prefix of
-// lower-case letters, digits and underscores the result is a valid
-// replication slot, database, exchange and queue name, so parallel tests and
-// reruns against a shared broker never collide.
-func UniqueName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
-	return prefix + "_" + hex.EncodeToString(b[:])
-}
+// UniqueName returns prefix + "_" + 12 random hex digits
+// (svckit.UniqueName): with a prefix of lower-case letters, digits and
+// underscores, a valid replication slot, database, exchange and queue name,
+// so parallel tests and reruns against a shared broker never collide.
+func UniqueName(prefix string) string { return svckit.UniqueName(prefix) }
