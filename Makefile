@@ -112,7 +112,7 @@ test-faults:
 # target fails if one did. PGMATRIX_VERSIONS="13 17" picks versions ("15" is
 # Debian's). .ci/run runs it after make test.
 PGMATRIX_VERSIONS ?= $(shell awk '$$1 ~ /^[0-9]+$$/ {print $$1}' .ci/postgres-versions)
-PGMATRIX_TESTS    = ^TestIntegration(ExactlyOnceInCommitOrder|SIGKILLMidStream|InsertedWhileDown|AdoptionWithoutGap|AdoptionInterrupted|PoisonParked|PoisonInBacklog|MarksSurviveSIGKILL|MarksDurableUnderAsyncCommit|JanitorNeverMarksUnacked|PartitionedOutbox|QuotedOutbox|OutboxRenamedOrMovedMidStream|MarksAfterIDTypeChange|HeaderValuesExact|SlotLostRecreated|Retention|Standby(Replays|Promote|KilledPrimary|KillStandby))$$
+PGMATRIX_TESTS    = ^TestIntegration(ExactlyOnceInCommitOrder|SIGKILLMidStream|InsertedWhileDown|AdoptionWithoutGap|AdoptionInterrupted|PoisonParked|PoisonInBacklog|MarksSurviveSIGKILL|MarksDurableUnderAsyncCommit|JanitorNeverMarksUnacked|PartitionedOutbox|QuotedOutbox|OutboxRenamedOrMovedMidStream|MarksAfterIDTypeChange|HeaderValuesExact|SlotLostRecreated|Retention|Standby(Replays|Promote|KilledPrimary|KillStandby)|Probe)$$
 PGMATRIX_TESTS_16 = ^TestIntegration(StandbySlot[A-Za-z]*|StandbyCheck|MarkOrigin[A-Za-z]*|MonitorSlotOnStandby|MonitorOtherRelayOnStandby|SecondRelayOnStandby)$$
 PGMATRIX_TESTS_17 = ^TestIntegrationFailover[A-Za-z]*$$
 

@@ -118,7 +118,7 @@ type claimResult struct {
 // claim takes the claim for owner in one short transaction, following
 // decide on the row it locked, at the database's clock.
 func (ib *Inbox) claim(ctx context.Context, d *amqp.Delivery, handler, owner string) (claimResult, error) {
-	pos := positionOf(d.Headers)
+	pos := PositionOf(d.Headers)
 	c := claimResult{ev: Event{Delivery: d, MessageID: d.MessageId, Handler: handler, Position: pos}}
 	leaseMicros := ib.lease.Microseconds()
 	err := pgx.BeginFunc(ctx, ib.db, func(tx pgx.Tx) error {

@@ -160,7 +160,7 @@ func (ib *Inbox) Handle(ctx context.Context, d amqp.Delivery, handler string, fn
 	if err := check(d, handler); err != nil {
 		return ib.reject(d, handler, err)
 	}
-	ev := Event{Delivery: &d, MessageID: d.MessageId, Handler: handler, Position: positionOf(d.Headers), Attempt: 1}
+	ev := Event{Delivery: &d, MessageID: d.MessageId, Handler: handler, Position: PositionOf(d.Headers), Attempt: 1}
 	tx, err := ib.db.Begin(ctx)
 	if err != nil {
 		return ib.requeue(d, handler, fmt.Errorf("inbox: begin: %w", err))

@@ -95,12 +95,13 @@ func classify(pos, seen Position) Order {
 	}
 }
 
-// positionOf reads the relay's headers; a missing or malformed commit LSN
+// PositionOf reads the relay's headers of a delivery (its Headers), as
+// Handle and HandleEffect do for Event.Position; a missing or malformed commit LSN
 // or index gives an invalid position, never an error: ordering is help,
 // not a requirement. A missing or malformed timeline (not a positive
 // 32-bit integer) leaves the timeline unknown, which compares as a message
 // from a relay older than the header does.
-func positionOf(h amqp.Table) Position {
+func PositionOf(h amqp.Table) Position {
 	lsnText, ok := h[HeaderCommitLSN].(string)
 	if !ok {
 		return Position{}

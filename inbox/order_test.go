@@ -67,7 +67,7 @@ func TestPositionOf(t *testing.T) {
 		{"index as string", amqp.Table{HeaderCommitLSN: "0/1", HeaderTxIndex: "1"}, Position{}},
 	}
 	for _, c := range cases {
-		if got := positionOf(c.h); got != c.want {
+		if got := PositionOf(c.h); got != c.want {
 			t.Errorf("%s: positionOf = %+v, want %+v", c.name, got, c.want)
 		}
 	}

@@ -328,7 +328,7 @@ func migrate(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
+	defer pgconnect.Close(ctx, db)
 	// The files name public.event_outbox and cdcrelay_outbox; migrate
 	// applies them to the configured table and publication instead, so it
 	// never leaves a stray table or a publication of another table. It runs

@@ -6,13 +6,19 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
 // Abort wakes a Write waiting for room and a Flush waiting for the writer,
 // both blocked behind a write the wrapped connection never finishes, and
-// every later call fails at once.
+// every later call fails at once. In a synctest bubble, so the check that
+// neither returned before Abort comes once both are seen waiting.
 func TestAbortWakesAWaitingWriteAndFlush(t *testing.T) {
+	synctest.Test(t, abortWakesAWaitingWriteAndFlush)
+}
+
+func abortWakesAWaitingWriteAndFlush(t *testing.T) {
 	g := newGate()
 	c := New(g, 2)
 	mustWrite(t, c, "1")
@@ -25,11 +31,12 @@ func TestAbortWakesAWaitingWriteAndFlush(t *testing.T) {
 	}()
 	flushed := make(chan error, 1)
 	go func() { flushed <- c.Flush() }()
+	blockedIn(t, "coalesce.(*Conn).Write", "coalesce.(*Conn).Flush")
 	for _, ch := range []chan error{wrote, flushed} {
 		select {
 		case err := <-ch:
 			t.Fatalf("returned (%v) before Abort although the writer is stuck", err)
-		case <-time.After(50 * time.Millisecond):
+		default:
 		}
 	}
 
@@ -135,6 +142,19 @@ func writerBlocked(c *Conn) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.writing && len(c.pending) > 0
+}
+
+// blockedIn waits until every goroutine of the synctest bubble is blocked,
+// then fails unless one is blocked in each of fns: the evidence that a
+// "has not returned" check is about a call that got as far as waiting.
+func blockedIn(t *testing.T, fns ...string) {
+	t.Helper()
+	synctest.Wait()
+	for _, fn := range fns {
+		if !goroutineWaiting(fn) {
+			t.Fatalf("no goroutine waits in %s:\n%s", fn, goroutines())
+		}
+	}
 }
 
 func goroutineWaiting(fn string) bool { return strings.Contains(goroutines(), fn) }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -95,7 +96,11 @@ func TestWritesGatherBehindABusyWriter(t *testing.T) {
 }
 
 // A Write that would take the buffer past its limit waits for the writer.
-func TestWriteWaitsAtTheLimit(t *testing.T) {
+// In a synctest bubble: it is seen waiting before the check that it has
+// not returned.
+func TestWriteWaitsAtTheLimit(t *testing.T) { synctest.Test(t, writeWaitsAtTheLimit) }
+
+func writeWaitsAtTheLimit(t *testing.T) {
 	g := newGate()
 	c := New(g, 4)
 	defer c.Close()
@@ -108,10 +113,11 @@ func TestWriteWaitsAtTheLimit(t *testing.T) {
 		defer close(returned)
 		mustWrite(t, c, "56")
 	}()
+	blockedIn(t, "coalesce.(*Conn).Write")
 	select {
 	case <-returned:
 		t.Fatal("Write past the limit returned before the writer took the buffer")
-	case <-time.After(50 * time.Millisecond):
+	default:
 	}
 	g.release <- struct{}{} // "1" done; the writer takes "234", making room
 	wait(t, returned, "the waiting Write")
@@ -146,8 +152,13 @@ func TestWriteErrorIsSticky(t *testing.T) {
 	}
 }
 
-// Close wakes a Write waiting for room and stops the writer.
+// Close wakes a Write waiting for room and stops the writer. In a synctest
+// bubble: Close comes once the Write is seen waiting.
 func TestCloseReleasesAWaitingWrite(t *testing.T) {
+	synctest.Test(t, closeReleasesAWaitingWrite)
+}
+
+func closeReleasesAWaitingWrite(t *testing.T) {
 	g := newGate()
 	c := New(g, 2)
 	mustWrite(t, c, "1")
@@ -158,7 +169,7 @@ func TestCloseReleasesAWaitingWrite(t *testing.T) {
 		_, err := c.Write([]byte("4"))
 		errc <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	blockedIn(t, "coalesce.(*Conn).Write")
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -241,8 +252,12 @@ func TestBytesArriveWholeOverTCP(t *testing.T) {
 	}
 }
 
-// Flush returns only once the writer has handed over every byte.
-func TestFlushWaitsForTheWriter(t *testing.T) {
+// Flush returns only once the writer has handed over every byte. In a
+// synctest bubble: Flush is seen waiting before the check that it has not
+// returned.
+func TestFlushWaitsForTheWriter(t *testing.T) { synctest.Test(t, flushWaitsForTheWriter) }
+
+func flushWaitsForTheWriter(t *testing.T) {
 	g := newGate()
 	c := New(g, 0)
 	defer c.Close()
@@ -253,10 +268,11 @@ func TestFlushWaitsForTheWriter(t *testing.T) {
 	go func() { flushed <- c.Flush() }()
 	g.release <- struct{}{} // "a"
 	wait(t, g.entered, "the second write")
+	blockedIn(t, "coalesce.(*Conn).Flush")
 	select {
 	case err := <-flushed:
 		t.Fatalf("Flush returned (%v) while %q was still being written", err, "b")
-	case <-time.After(20 * time.Millisecond):
+	default:
 	}
 	g.release <- struct{}{} // "b"
 	select {

@@ -29,10 +29,14 @@ const (
 	// BeforeStatus: the ack watermark has moved past confirmed events; the
 	// standby status update reporting the new position has not been sent.
 	BeforeStatus = "wal.before-status"
+	// AfterMark: the janitor's UPDATE marking a batch of rows published
+	// has committed; the rows' done callbacks, which let the ack
+	// watermark move past them, have not run.
+	AfterMark = "janitor.after-mark"
 )
 
 // Known lists the failpoints, for validating CDCRELAY_FAILPOINT.
-var Known = []string{AfterPublish, BeforeStatus}
+var Known = []string{AfterPublish, BeforeStatus, AfterMark}
 
 // parse reads "name" or "name@n" (n >= 1).
 func parse(spec string) (name string, n int, err error) {

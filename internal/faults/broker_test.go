@@ -93,7 +93,7 @@ func TestIntegrationBrokerNacks(t *testing.T) {
 	failures := r.failures()
 	checkRetries(t, "nack", failures, func(f string) bool {
 		// Every attempt fails on the 11th event: the ten before it are not
-		// published again (publish.Resume).
+		// published again (publish.Carryover).
 		_, rest, _ := strings.Cut(f, "event ")
 		id, _, _ := strings.Cut(rest, " ")
 		return strings.Contains(f, "nacked") && id == rejected && strings.Contains(f, "reject-publish")

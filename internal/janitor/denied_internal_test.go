@@ -34,7 +34,7 @@ func TestExplainDenied(t *testing.T) {
 func TestFailingReportsWaits(t *testing.T) {
 	j := &Janitor{}
 	began := time.Now().Add(-time.Minute)
-	j.stalled(began, &WaitError{What: "the standby has not replayed the marks up to 0/1 yet"})
+	j.awaitingStandby(began, &WaitError{What: "the standby has not replayed the marks up to 0/1 yet"})
 	since, err := j.Failing()
 	var w *WaitError
 	if !since.Equal(began) || !errors.As(err, &w) {
@@ -48,7 +48,7 @@ func TestFailingReportsWaits(t *testing.T) {
 	if since, err := j.Failing(); !since.Equal(began) || !errors.As(err, &w) {
 		t.Fatalf("waiting again after the write succeeded: %v, %v", since, err)
 	}
-	j.stalled(began, nil)
+	j.awaitingStandby(began, nil)
 	if since, err := j.Failing(); !since.IsZero() || err != nil {
 		t.Fatalf("after the wait: %v, %v", since, err)
 	}

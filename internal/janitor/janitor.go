@@ -3,7 +3,7 @@
 // for parked poison ones.
 //
 // A mark is part of the slot's position (invariant 10, docs/architecture.md):
-// the publisher hands each confirm to a janitor Session (session.go), which
+// the publisher hands each confirm to the janitor's Marks (session.go), which
 // acks the streaming session's watermark only after the UPDATE that marked
 // the row has committed, durably whatever synchronous_commit says
 // (pgconnect.Options.Durable), the row was parked, or the row was found
@@ -43,7 +43,7 @@ type Options struct {
 	MarkInterval time.Duration // how often queued marks are written
 	MarkBatch    int           // ids per UPDATE
 	// MaxPending bounds the marks queued and not yet written (default
-	// 10,000). At the bound a Session's Ack waits, which stops the publisher's
+	// 10,000). At the bound Marks.Ack waits, which stops the publisher's
 	// confirm loop and so the publisher: back-pressure, never a drop.
 	MaxPending int
 	// BackoffMin and BackoffMax bound the wait after a failed connection
@@ -75,7 +75,7 @@ type entry struct {
 	done func() // called once the row is marked (or parked) or found gone
 	// visible: a flush could not find the row although its transaction was
 	// already visible to new snapshots, so the next flush that cannot find
-	// it either knows it was deleted (see settleMarked).
+	// it either knows it was deleted (see splitMarked).
 	visible bool
 }
 
@@ -108,11 +108,11 @@ type Janitor struct {
 	failErr   error
 	// waitSince is when written marks began to wait for a standby (the
 	// slot's, or those in synchronized_standby_slots) longer than
-	// standbyWarn, zero when they do not; waitErr says for what: stalled.
+	// standbyWarn, zero when they do not; waitErr says for what: awaitingStandby.
 	waitSince time.Time
 	waitErr   error
 	// hurrying counts the sessions waiting for their last marks
-	// (Session.Wait): Run then writes without waiting for its interval.
+	// (Marks.Wait): Run then writes without waiting for its interval.
 	hurrying int
 
 	// Only the Run goroutine uses the fields below.
@@ -162,7 +162,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) *Janitor {
 // between, and the last failure; a zero time while they succeed or nothing
 // waits to be written. The relay's status says so after a while: the slot
 // cannot pass the unmarked events (invariant 10, docs/architecture.md).
-// Marks written but waiting for a standby (stalled) hold the slot back as
+// Marks written but waiting for a standby (awaitingStandby) hold the slot back as
 // well, and are reported the same way, with a *WaitError, while no write
 // fails.
 func (j *Janitor) Failing() (since time.Time, err error) {
@@ -179,9 +179,9 @@ type WaitError struct{ What string }
 
 func (e *WaitError) Error() string { return e.What }
 
-// stalled records that written marks have waited since began for what
+// awaitingStandby records that written marks have waited since began for what
 // (nil: they wait no more).
-func (j *Janitor) stalled(began time.Time, what *WaitError) {
+func (j *Janitor) awaitingStandby(began time.Time, what *WaitError) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if what == nil {

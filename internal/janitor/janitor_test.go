@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,7 +65,7 @@ func TestMarkBatches(t *testing.T) {
 	if j.Pending() != 4 {
 		t.Fatalf("a taken batch is not counted as pending: %d", j.Pending())
 	}
-	j.settle(len(first), first, nil) // the UPDATE failed
+	j.requeue(len(first), first, nil) // the UPDATE failed
 	if got := ids(j.take(math.MaxInt)); len(got) != 3 || got[0] != "a" {
 		t.Fatalf("after a failure the batch was not retried first: %v", got)
 	}
@@ -92,7 +93,7 @@ func TestMarkTakeLimit(t *testing.T) {
 	if left -= len(got); left != 0 || j.queued() != 1 {
 		t.Fatalf("left %d, queued %d: c waits for the next flush", left, j.queued())
 	}
-	j.settle(len(got), nil, nil)
+	j.requeue(len(got), nil, nil)
 	if got := ids(j.take(j.queued())); len(got) != 1 || got[0] != "c" {
 		t.Fatalf("the next flush took %v", got)
 	}
@@ -134,7 +135,7 @@ func TestSettleMarked(t *testing.T) {
 		mk("gone", 11, true),
 	}
 	unseen := map[string]bool{"running": true, "now-visible": true, "snapshot-row": true, "gone": true}
-	ready, again := j.settleMarked(batch, unseen, map[uint32]bool{8: true}, true)
+	ready, again := j.splitMarked(batch, unseen, map[uint32]bool{8: true}, true)
 	for _, e := range ready { // flushMarks calls them once the standbys have the marks
 		e.done()
 	}
@@ -153,15 +154,18 @@ func TestSettleMarked(t *testing.T) {
 	}
 	// Asking failed: no row becomes visible, none is gone.
 	done = nil
-	ready, again = j.settleMarked([]entry{mk("unknown", 12, false)}, map[string]bool{"unknown": true}, nil, false)
+	ready, again = j.splitMarked([]entry{mk("unknown", 12, false)}, map[string]bool{"unknown": true}, nil, false)
 	if len(again) != 1 || again[0].visible || len(done) != 0 || len(ready) != 0 {
 		t.Fatalf("after a failed question: again %v (visible %v), done %v", ids(again), again[0].visible, done)
 	}
 }
 
 // TestMarkWaitsForRoom: at MaxPending, Mark waits (never drops) until a
-// flush makes room, or returns the context's error.
-func TestMarkWaitsForRoom(t *testing.T) {
+// flush makes room, or returns the context's error. In a synctest bubble
+// the 50 ms windows end only once the waiting Mark is blocked.
+func TestMarkWaitsForRoom(t *testing.T) { synctest.Test(t, markWaitsForRoom) }
+
+func markWaitsForRoom(t *testing.T) {
 	j := New(Options{MarkBatch: 10, MarkInterval: time.Second, MaxPending: 2}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	mustMark(t, j, "a", nop)
 	mustMark(t, j, "b", nop)
@@ -184,7 +188,7 @@ func TestMarkWaitsForRoom(t *testing.T) {
 	if j.Pending() != 2 {
 		t.Fatal("taken entries must still count against the bound")
 	}
-	j.settle(len(batch), nil, nil)
+	j.requeue(len(batch), nil, nil)
 	select {
 	case err := <-entered:
 		if err != nil {
@@ -204,6 +208,10 @@ func TestMarkWaitsForRoom(t *testing.T) {
 // TestLazyConnectWithBackoff: with nothing queued the janitor never
 // connects (a hot standby puts no load on the primary); with work and an
 // unreachable database it retries on the backoff schedule, not every tick.
+// The janitor runs in a synctest bubble, so its ticks and backoff waits are
+// on the bubble's clock: the idle window holds its 50 ticks however loaded
+// the machine is. The refusing server runs outside the bubble (a goroutine
+// blocked in Accept would keep the bubble's clock from moving).
 func TestLazyConnectWithBackoff(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -221,8 +229,12 @@ func TestLazyConnectWithBackoff(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { _ = ln.Close() })
+	synctest.Test(t, func(t *testing.T) { lazyConnectWithBackoff(t, ln.Addr().String(), &dials) })
+}
+
+func lazyConnectWithBackoff(t *testing.T, addr string, dials *atomic.Int64) {
 	j := New(Options{
-		DatabaseURL: "postgres://x@" + ln.Addr().String() + "/db?sslmode=disable&connect_timeout=1",
+		DatabaseURL: "postgres://x@" + addr + "/db?sslmode=disable&connect_timeout=1",
 		Outbox:      config.Outbox{Schema: "public", Table: "event_outbox", IDColumn: "id"}, MarkBatch: 10,
 		MarkInterval: 10 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: 400 * time.Millisecond,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
@@ -230,11 +242,15 @@ func TestLazyConnectWithBackoff(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = j.Run(ctx) }()
 	time.Sleep(500 * time.Millisecond) // 50 ticks with nothing to do
+	// The bubble's clock moves only while Run waits in its select, so Run
+	// has taken each of the 50 ticks when Wait returns.
+	synctest.Wait()
 	if n := value(j.metrics.connects); n != 0 || dials.Load() != 0 {
 		t.Fatalf("idle janitor made %v connection attempts (%d dials)", n, dials.Load())
 	}
 	mustMark(t, j, "a", nop)
 	time.Sleep(3 * time.Second) // 300 ticks
+	synctest.Wait()
 	cancel()
 	<-done
 	// Schedule 10, 20, 40, ... 400 ms, each jittered down to half at most:

@@ -3,6 +3,8 @@ package janitor
 import (
 	"strings"
 	"testing"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 )
 
 // TestOriginNotice: the start-up line points at a remedy only where one
@@ -22,7 +24,7 @@ func TestOriginNotice(t *testing.T) {
 		{"PostgreSQL 16 without the grants", false, 160004, "the role may not use origins", true},
 		{"PostgreSQL 18 without the grants", false, 180000, "the role may not use origins", true},
 	} {
-		msg, attrs := originNotice(tc.on, tc.version, "cdcrelay_x")
+		msg, attrs := originNotice(tc.on, pgcaps.Caps{Version: tc.version}, "cdcrelay_x")
 		hasRemedy := len(attrs) == 2 && attrs[0] == "remedy" && attrs[1] == "docs/least-privilege.md"
 		if !strings.Contains(msg, tc.want) || hasRemedy != tc.remedy {
 			t.Errorf("%s: %q %v; want %q, remedy %v", tc.name, msg, attrs, tc.want, tc.remedy)

@@ -6,7 +6,7 @@ import (
 )
 
 // TestIntegrationParkUnseen: a park whose UPDATE finds no row settles as a
-// mark does (settleMarked). While the row's transaction runs, the park
+// mark does (splitMarked). While the row's transaction runs, the park
 // stays queued and its done waits; once the transaction commits, the next
 // flush records it. A row that never appears (deleted) is found gone at
 // the second flush after its transaction is visible, and only then.

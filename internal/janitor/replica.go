@@ -48,7 +48,7 @@ func (j *Janitor) awaitReplica(ctx context.Context, lsn string, ids []string) er
 		return err
 	}
 	began, warned := time.Now(), false
-	defer j.stalled(began, nil)
+	defer j.awaitingStandby(began, nil)
 	for {
 		done, err := j.replicaHas(ctx, lsn, ids)
 		if err != nil {
@@ -65,7 +65,7 @@ func (j *Janitor) awaitReplica(ctx context.Context, lsn string, ids []string) er
 		case !warned && waited > standbyWarn:
 			warned = true
 			j.log.Warn("marks wait for the standby that holds the slot to replay them (CDCRELAY_REPLICATION_URL); the slot does not pass their rows meanwhile", "lsn", lsn)
-			j.stalled(began, &WaitError{What: "the standby that holds the slot (CDCRELAY_REPLICATION_URL) has not replayed the marks up to " + lsn + " yet"})
+			j.awaitingStandby(began, &WaitError{What: "the standby that holds the slot (CDCRELAY_REPLICATION_URL) has not replayed the marks up to " + lsn + " yet"})
 		}
 		select {
 		case <-ctx.Done():

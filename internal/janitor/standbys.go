@@ -23,7 +23,8 @@ import (
 
 // markLSNSQL returns the standby slots to wait for: "" unless the relay's
 // slot ($1) is a failover slot here (the walsender of any other slot does
-// not wait for those standbys either), before PostgreSQL 17, or when
+// not wait for those standbys either), before PostgreSQL 17 (no failover
+// column, pgcaps.Caps.FailoverSlots: to_jsonb reads it as NULL), or when
 // unset; and, when there is something to wait for (those slots, or a
 // standby that holds the slot: $2), a WAL position past the commit of
 // every transaction this connection committed. A relay with neither never
@@ -66,7 +67,7 @@ func (j *Janitor) awaitStandbys(ctx context.Context, lsn, setting string) error 
 	}
 	began := time.Now()
 	warned := false
-	defer j.stalled(began, nil)
+	defer j.awaitingStandby(began, nil)
 	for {
 		var behind []string
 		if err := j.db.QueryRow(ctx, behindSQL, lsn, names).Scan(&behind); err != nil {
@@ -81,7 +82,7 @@ func (j *Janitor) awaitStandbys(ctx context.Context, lsn, setting string) error 
 		if !warned && time.Since(began) > standbyWarn {
 			warned = true
 			j.log.Warn("marks wait for standbys in synchronized_standby_slots to flush them before the slot may pass their rows", "behind", behind, "lsn", lsn)
-			j.stalled(began, &WaitError{What: fmt.Sprintf("the standbys of synchronized_standby_slots %v have not flushed the marks up to %s yet", behind, lsn)})
+			j.awaitingStandby(began, &WaitError{What: fmt.Sprintf("the standbys of synchronized_standby_slots %v have not flushed the marks up to %s yet", behind, lsn)})
 		}
 		select {
 		case <-ctx.Done():

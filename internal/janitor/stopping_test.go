@@ -101,9 +101,9 @@ func stoppingSession(b *pgproto3.Backend, code string) {
 }
 
 // TestStoppingSignalsShutdown runs a janitor with one queued mark against
-// fake servers and watches Stopping: a shutdown closes it (and a fresh
-// channel is armed for later watchers), other failures never do, and the
-// mark is never dropped.
+// fake servers and watches DatabaseShuttingDown: a shutdown closes its
+// channel (and a fresh channel is armed for later watchers), other
+// failures never do, and the mark is never dropped.
 func TestStoppingSignalsShutdown(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -164,14 +164,14 @@ func stoppingRun(t *testing.T, url string, want bool) {
 	select {
 	case <-dbShuttingDown:
 		if !want {
-			t.Fatal("Stopping closed for a failure that is not a shutdown")
+			t.Fatal("DatabaseShuttingDown closed for a failure that is not a shutdown")
 		}
 		if again := j.DatabaseShuttingDown(); again == dbShuttingDown {
 			t.Fatal("no fresh channel armed after the signal")
 		}
 	case <-time.After(wait):
 		if want {
-			t.Fatalf("Stopping not closed after %s", wait)
+			t.Fatalf("DatabaseShuttingDown not closed after %s", wait)
 		}
 		if n := value(j.metrics.errors); n < 3 {
 			t.Fatalf("only %v failed attempts in %s; the case was not exercised", n, wait)

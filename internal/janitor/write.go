@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/failpoint"
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
@@ -58,39 +60,34 @@ func (j *Janitor) tag(ctx context.Context, db *pgx.Conn) error {
 	if j.opts.Origin == "" {
 		return nil
 	}
-	on, err := pgconnect.SetupOrigin(ctx, db, j.opts.Origin)
+	// One probe per connection: the janitor's outlives the relay's
+	// sessions, and says which of the two reasons when there is no origin.
+	caps, err := pgcaps.Probe(ctx, db)
+	if err != nil {
+		return err
+	}
+	on, err := pgconnect.SetupProbedOrigin(ctx, db, caps, j.opts.Origin)
 	if err != nil {
 		return err
 	}
 	if !j.originNoted {
 		j.originNoted = true
-		version := 0
-		if !on {
-			// Which of the two reasons: only a missing grant has a remedy.
-			if err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
-				return fmt.Errorf("read server_version_num: %w", err)
-			}
-		}
-		msg, attrs := originNotice(on, version, j.opts.Origin)
+		msg, attrs := originNotice(on, caps, j.opts.Origin)
 		j.log.Info(msg, attrs...)
 	}
 	return nil
 }
 
-// originVersion is the first server_version_num with replication origins
-// the walsender filters by (pgoutput's origin option).
-const originVersion = 160000
-
 // originNotice is the start-up line saying whether the marks carry a
-// replication origin; version is server_version_num, read when they do
-// not. Before PostgreSQL 16 there is nothing to change, so no remedy: a
-// line pointing at one there sends operators after a grant that cannot
-// help.
-func originNotice(on bool, version int, origin string) (string, []any) {
+// replication origin; caps is the server's. Without pgoutput's origin
+// filter (pgcaps.Caps.OriginNone, PostgreSQL 16) there is nothing to
+// change, so no remedy: a line pointing at one there sends operators after
+// a grant that cannot help. Only a missing grant has a remedy.
+func originNotice(on bool, caps pgcaps.Caps, origin string) (string, []any) {
 	switch {
 	case on:
 		return "marks carry a replication origin: the walsender skips them undecoded", []any{"origin", origin}
-	case version < originVersion:
+	case !caps.OriginNone():
 		return "marks carry no replication origin: PostgreSQL before 16 cannot skip them by origin, so the walsender decodes them and throws them away (expected; nothing to change)", nil
 	default:
 		return "marks carry no replication origin: the role may not use origins, so the walsender decodes them and throws them away", []any{"remedy", "docs/least-privilege.md"}
@@ -126,9 +123,9 @@ func (j *Janitor) take(limit int) []entry {
 	return batch
 }
 
-// settle ends a taken batch: back in front are those to write again now
+// requeue ends a taken batch: back in front are those to write again now
 // (the statement failed), at the end those to try at a later flush.
-func (j *Janitor) settle(n int, front, back []entry) {
+func (j *Janitor) requeue(n int, front, back []entry) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.held -= n
@@ -149,7 +146,7 @@ func (j *Janitor) settle(n int, front, back []entry) {
 // 40 ids each instead of one of 100).
 func (j *Janitor) flushMarks(ctx context.Context) error {
 	var later []entry // still held: a later flush tries them again
-	defer func() { j.settle(len(later), nil, later) }()
+	defer func() { j.requeue(len(later), nil, later) }()
 	for left := j.queued(); left > 0; {
 		batch := j.take(left)
 		if len(batch) == 0 {
@@ -158,11 +155,11 @@ func (j *Janitor) flushMarks(ctx context.Context) error {
 		left -= len(batch)
 		unseen, err := j.markBatch(ctx, batch)
 		if err != nil {
-			j.settle(len(batch), batch, nil)
+			j.requeue(len(batch), batch, nil)
 			return err
 		}
 		running, err := j.stillRunning(ctx, batch, unseen)
-		ready, again := j.settleMarked(batch, unseen, running, err == nil)
+		ready, again := j.splitMarked(batch, unseen, running, err == nil)
 		later = append(later, again...)
 		lsn, standbys, werr := j.markPosition(ctx)
 		if werr == nil {
@@ -174,14 +171,15 @@ func (j *Janitor) flushMarks(ctx context.Context) error {
 		if werr != nil {
 			// Marked, but perhaps not on the standbys: written again (a
 			// no-op) and released by a later flush.
-			j.settle(len(batch)-len(again), ready, nil)
+			j.requeue(len(batch)-len(again), ready, nil)
 			return werr
 		}
+		failpoint.Hit(failpoint.AfterMark)
 		for _, e := range ready {
 			e.done()
 		}
 		j.failing(nil) // a batch written: whatever fails next starts a new streak
-		j.settle(len(batch)-len(again), nil, nil)
+		j.requeue(len(batch)-len(again), nil, nil)
 		if err != nil {
 			return err
 		}
@@ -201,7 +199,7 @@ WHERE NOT pg_visible_in_snapshot((c.xmax - ((c.xmax % 4294967296) - x + 42949672
 // stillRunning asks which transactions of the batch's unseen rows are not
 // visible to new snapshots yet. Asked after the mark statement, so a
 // transaction visible now was perhaps not visible to that statement: its
-// row gets one more flush before it can count as gone (settleMarked).
+// row gets one more flush before it can count as gone (splitMarked).
 func (j *Janitor) stillRunning(ctx context.Context, batch []entry, unseen map[string]bool) (map[uint32]bool, error) {
 	var xids []int64
 	for _, e := range batch {
@@ -256,7 +254,7 @@ func readyIDs(es []entry) []string {
 	return ids
 }
 
-// settleMarked returns as ready the entries whose rows are marked (the
+// splitMarked returns as ready the entries whose rows are marked (the
 // UPDATE has committed: it ran outside any transaction) and those gone:
 // not found by a flush that ran after their transaction was seen visible
 // to new snapshots; the caller (flushMarks, or parkUnseen for a parked
@@ -265,7 +263,7 @@ func readyIDs(es []entry) []string {
 // waited for however long that takes; one whose transaction is visible
 // now gets one more flush, whose snapshot is newer. Those are returned as
 // again, to try later.
-func (j *Janitor) settleMarked(batch []entry, unseen map[string]bool, running map[uint32]bool, known bool) (ready, again []entry) {
+func (j *Janitor) splitMarked(batch []entry, unseen map[string]bool, running map[uint32]bool, known bool) (ready, again []entry) {
 	gone := 0
 	for _, e := range batch {
 		switch {
@@ -343,7 +341,7 @@ func (j *Janitor) recordParked(ctx context.Context, p parked) (*parked, error) {
 	return nil, nil
 }
 
-// parkUnseen handles a park whose UPDATE found no row with settleMarked,
+// parkUnseen handles a park whose UPDATE found no row with splitMarked,
 // as a mark's: a poison event is parked with no broker round trip, so its
 // UPDATE can run before the row's transaction is visible (a commit waiting
 // for a synchronous standby, or just not yet out of the procarray) and
@@ -357,7 +355,7 @@ func (j *Janitor) parkUnseen(ctx context.Context, p parked) (*parked, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, again := j.settleMarked(batch, unseen, running, true); len(again) == 1 {
+	if _, again := j.splitMarked(batch, unseen, running, true); len(again) == 1 {
 		p.entry = again[0]
 		return &p, nil
 	}

@@ -87,7 +87,7 @@ func Connect(ctx context.Context, url, role string, o Options) (*pgx.Conn, error
 		return nil, fmt.Errorf("connect %s: %w", role, pgerr.Connect(err))
 	}
 	if err := setUp(ctx, db, o); err != nil {
-		_ = db.Close(context.WithoutCancel(ctx))
+		Close(ctx, db)
 		return nil, fmt.Errorf("connect %s: %w", role, err)
 	}
 	return db, nil

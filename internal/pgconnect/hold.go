@@ -3,11 +3,10 @@ package pgconnect
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 )
 
 // MonitorLockClass is the first key of the monitor lock, "cdcm" in ASCII;
@@ -45,22 +44,15 @@ func keepalives() map[string]string {
 // its lock). client_connection_check_interval makes a backend blocked in
 // pg_advisory_lock look at its socket now and then, so a waiter that dies
 // leaves the lock queue within seconds; it sends nothing. The last two
-// exist from PostgreSQL 14.
+// exist from PostgreSQL 14 (pgcaps.Caps.SessionTimeouts), told from the
+// version the server reported at connection start.
 func hold(ctx context.Context, db *pgx.Conn) error {
 	set := "SET statement_timeout = 0; SET lock_timeout = 0"
-	if ServerMajor(db.PgConn()) >= 14 {
+	if pgcaps.FromServerVersion(db.PgConn().ParameterStatus("server_version")).SessionTimeouts() {
 		set += "; SET idle_session_timeout = 0; SET client_connection_check_interval = '5s'"
 	}
 	if _, err := db.Exec(ctx, set); err != nil {
 		return fmt.Errorf("set up the session: %w", err)
 	}
 	return nil
-}
-
-// ServerMajor is the server's major version (15 for "15.4"), 0 if unknown.
-func ServerMajor(c *pgconn.PgConn) int {
-	v := c.ParameterStatus("server_version")
-	major, _, _ := strings.Cut(v, ".")
-	n, _ := strconv.Atoi(strings.TrimFunc(major, func(r rune) bool { return r < '0' || r > '9' }))
-	return n
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 )
 
@@ -24,14 +25,9 @@ import (
 // subscription's apply worker, say) might insert outbox rows.
 const OriginPrefix = "cdcrelay_"
 
-// originVersion is the first server_version_num whose pgoutput filters by
-// origin.
-const originVersion = 160000
-
 // originGrantsSQL says whether the role may create and use origins (they
 // are superuser-only until granted).
-const originGrantsSQL = `SELECT current_setting('server_version_num')::int,
-	has_function_privilege('pg_replication_origin_oid(text)', 'EXECUTE')
+const originGrantsSQL = `SELECT has_function_privilege('pg_replication_origin_oid(text)', 'EXECUTE')
 	AND has_function_privilege('pg_replication_origin_create(text)', 'EXECUTE')
 	AND has_function_privilege('pg_replication_origin_session_setup(text)', 'EXECUTE')`
 
@@ -42,9 +38,20 @@ var ErrOriginBusy = errors.New("replication origin in use by another session")
 // SetupOrigin tags db's transactions with the replication origin name,
 // creating it if needed. It reports false, without an error, where the
 // server is older than 16 or the role lacks the grants: the work is the
-// same, only decoded.
+// same, only decoded. It probes db's server (pgcaps.Probe) first; a caller
+// that has probed already calls SetupProbedOrigin.
 func SetupOrigin(ctx context.Context, db *pgx.Conn, name string) (bool, error) {
-	if usable, err := OriginsUsable(ctx, db); err != nil || !usable {
+	caps, err := pgcaps.Probe(ctx, db)
+	if err != nil {
+		return false, err
+	}
+	return SetupProbedOrigin(ctx, db, caps, name)
+}
+
+// SetupProbedOrigin is SetupOrigin on a server already probed: caps is
+// db's.
+func SetupProbedOrigin(ctx context.Context, db *pgx.Conn, caps pgcaps.Caps, name string) (bool, error) {
+	if usable, err := OriginsUsable(ctx, db, caps); err != nil || !usable {
 		return false, err
 	}
 	var exists bool
@@ -130,16 +137,19 @@ func ForeignOrigins(ctx context.Context, db *pgx.Conn, status bool) ([]string, e
 }
 
 // OriginsUsable reports whether db's server and role can tag
-// transactions with a replication origin (PostgreSQL 16+ and the grants
-// of SetupOrigin): only then do the relay's marks carry one, and only
-// then is there anything for a stream to skip by origin.
-func OriginsUsable(ctx context.Context, db *pgx.Conn) (bool, error) {
-	var version int
+// transactions with a replication origin (pgcaps.Caps.OriginNone, caps
+// being db's server, and the grants of SetupOrigin): only then do the
+// relay's marks carry one, and only then is there anything for a stream to
+// skip by origin. Before 16 it asks nothing.
+func OriginsUsable(ctx context.Context, db *pgx.Conn, caps pgcaps.Caps) (bool, error) {
+	if !caps.OriginNone() {
+		return false, nil
+	}
 	var granted bool
-	if err := db.QueryRow(ctx, originGrantsSQL).Scan(&version, &granted); err != nil {
+	if err := db.QueryRow(ctx, originGrantsSQL).Scan(&granted); err != nil {
 		return false, fmt.Errorf("read the replication origin grants: %w", err)
 	}
-	return version >= originVersion && granted, nil
+	return granted, nil
 }
 
 func isCode(err error, code string) bool {

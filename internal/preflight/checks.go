@@ -6,6 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
@@ -94,6 +95,21 @@ type session struct {
 	pubErr               error
 	slot                 slotFacts
 	slotErr              error
+	// caps is the server's version and role, probed once per check run
+	// by the first check that needs them (probe).
+	caps     pgcaps.Caps
+	capsErr  error
+	capsRead bool
+}
+
+// probe returns the session's server capabilities (pgcaps.Probe), read
+// once per check run and shared by the checks that need them.
+func (s *session) probe(ctx context.Context) (pgcaps.Caps, error) {
+	if !s.capsRead {
+		s.capsRead = true
+		s.caps, s.capsErr = pgcaps.Probe(ctx, s.db)
+	}
+	return s.caps, s.capsErr
 }
 
 // need loads the facts not loaded yet, each after those it needs.

@@ -6,12 +6,13 @@ import (
 	"strings"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // failoverFacts is what the failover check reads on the primary.
 type failoverFacts struct {
-	server       slot.Server
+	server       pgcaps.Caps
 	setting      string // CDCRELAY_SLOT_FAILOVER
 	slotExists   bool
 	slotFailover bool
@@ -23,17 +24,23 @@ type failoverFacts struct {
 	inactive, missing []string
 }
 
-// failover reads the facts: the server, the slot's flags and the
-// standbys that PostgreSQL keeps failover slots in step for.
+// failover reads the facts: the server (probed once per run), the slot's
+// flags and the standbys that PostgreSQL keeps failover slots in step
+// for. The flags and the setting are PostgreSQL 17's
+// (pgcaps.Caps.FailoverSlots): to_jsonb and current_setting(…, true) read
+// them as missing, so false and empty, before.
 func (s *session) failover(ctx context.Context, setting string) (failoverFacts, error) {
 	f := failoverFacts{setting: setting}
+	var err error
+	if f.server, err = s.probe(ctx); err != nil {
+		return f, err
+	}
 	var standbys string
-	err := s.db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, pg_is_in_recovery(),
-		       coalesce(current_setting('synchronized_standby_slots', true), ''),
+	err = s.db.QueryRow(ctx, `SELECT coalesce(current_setting('synchronized_standby_slots', true), ''),
 		       EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1),
 		       coalesce((SELECT (to_jsonb(s)->>'failover')::bool FROM pg_replication_slots s WHERE slot_name = $1), false),
 		       coalesce((SELECT (to_jsonb(s)->>'synced')::bool FROM pg_replication_slots s WHERE slot_name = $1), false)`, s.t.slot).
-		Scan(&f.server.Version, &f.server.InRecovery, &standbys, &f.slotExists, &f.slotFailover, &f.slotSynced)
+		Scan(&standbys, &f.slotExists, &f.slotFailover, &f.slotSynced)
 	if err != nil {
 		return f, err
 	}

@@ -5,14 +5,14 @@ import (
 	"testing"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
-	"github.com/cdcrelay/cdcrelay/internal/slot"
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 )
 
 // TestClassifyFailover: what check says about failover slots for each
 // server, setting and state of the standbys.
 func TestClassifyFailover(t *testing.T) {
 	tg := target{slot: "cdcrelay"}
-	p17 := slot.Server{Version: 170010}
+	p17 := pgcaps.Caps{Version: 170010}
 	base := failoverFacts{server: p17, setting: config.SlotFailoverAuto, slotExists: true, slotFailover: true, standbySlots: []string{"sb1"}}
 	with := func(f func(*failoverFacts)) failoverFacts { c := base; f(&c); return c }
 	for name, c := range map[string]struct {

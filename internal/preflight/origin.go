@@ -6,28 +6,31 @@ import (
 	"strings"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 )
 
 // originFacts is what the mark-origin check reads.
 type originFacts struct {
-	setting string // CDCRELAY_MARK_ORIGIN
-	version int    // server_version_num of the server that decodes
-	granted bool   // the role may use the origin functions (on the primary)
+	setting string      // CDCRELAY_MARK_ORIGIN
+	server  pgcaps.Caps // the server that decodes
+	granted bool        // the role may use the origin functions (on the primary)
 	others  []string
 }
 
-// origins reads the facts: the grants on the primary (s), the version and
-// the origins on the server that decodes (ss; the same catalog).
+// origins reads the facts: the grants on the primary (s), the version
+// (probed once per run) and the origins on the server that decodes (ss;
+// the same catalog).
 func origins(ctx context.Context, setting string, s, ss *session) (originFacts, error) {
 	f := originFacts{setting: setting}
-	if err := ss.db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&f.version); err != nil {
+	var err error
+	if f.server, err = ss.probe(ctx); err != nil {
 		return f, err
 	}
-	if f.version < 160000 {
+	if !f.server.OriginNone() {
 		return f, nil
 	}
-	err := s.db.QueryRow(ctx, `SELECT has_function_privilege('pg_replication_origin_oid(text)', 'EXECUTE')
+	err = s.db.QueryRow(ctx, `SELECT has_function_privilege('pg_replication_origin_oid(text)', 'EXECUTE')
 		AND has_function_privilege('pg_replication_origin_create(text)', 'EXECUTE')
 		AND has_function_privilege('pg_replication_origin_session_setup(text)', 'EXECUTE')`).Scan(&f.granted)
 	if err != nil {
@@ -45,7 +48,7 @@ func classifyOrigin(role string, f originFacts) Finding {
 	switch {
 	case f.setting == config.MarkOriginOff:
 		fd.Message = "CDCRELAY_MARK_ORIGIN=off: the walsender decodes the janitor's marks and retention's deletes, and throws them away"
-	case f.version < 160000:
+	case !f.server.OriginNone():
 		fd.Message = "the walsender decodes the janitor's marks and throws them away: skipping them by replication origin needs PostgreSQL 16 or later"
 	case !f.granted:
 		fd.Message = fmt.Sprintf("off: role %s may not use replication origins, so the walsender decodes the janitor's marks and retention's deletes and throws them away (a cost on the primary under load, and disk spills for large batches); to turn it on: %s", role, grant)

@@ -34,7 +34,7 @@ type otherSlot struct {
 // the copy cannot be streamed while the server is a standby. After a
 // promotion such a slot may keep synced = true and be streamed, so it is
 // listed on a server not in recovery. to_jsonb reads the column where it
-// exists (17+).
+// exists (17+, pgcaps.Caps.FailoverSlots).
 const otherSlotsSQL = `
 	SELECT s.slot_name::text, coalesce(s.plugin::text, ''), s.active, coalesce(a.application_name, ''), coalesce(a.query, '')
 	FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid

@@ -8,13 +8,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
-	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // standbyFacts is what the standby check reads on both servers.
 type standbyFacts struct {
-	server             slot.Server
+	server             pgcaps.Caps
 	systemID           string
 	primarySystemID    string
 	walLevel, feedback string
@@ -22,7 +22,7 @@ type standbyFacts struct {
 	physicalActive     bool   // that slot exists on the primary and a standby streams from it
 	physicalExists     bool
 	canSnapshot        bool // the role may call pg_log_standby_snapshot() on the primary
-	snapshotExists     bool // the primary has pg_log_standby_snapshot() (16+)
+	snapshotExists     bool // the primary has pg_log_standby_snapshot() (16+, with DecodesOnStandby)
 }
 
 // connectStandby opens a read-only session on CDCRELAY_REPLICATION_URL.
@@ -44,9 +44,13 @@ func connectStandby(ctx context.Context, cfg config.Config, opts Options) (*pgx.
 // the slot for the primary (session s).
 func standbyChecks(ctx context.Context, where string, s, ss *session) []Finding {
 	var f standbyFacts
-	err := ss.db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, pg_is_in_recovery(), system_identifier::text,
+	var err error
+	if f.server, err = ss.probe(ctx); err != nil {
+		return []Finding{failed(checkStandby, "read the replication server's settings", err)}
+	}
+	err = ss.db.QueryRow(ctx, `SELECT system_identifier::text,
 		       current_setting('wal_level'), current_setting('hot_standby_feedback'), current_setting('primary_slot_name')
-		FROM pg_control_system()`).Scan(&f.server.Version, &f.server.InRecovery, &f.systemID, &f.walLevel, &f.feedback, &f.primarySlot)
+		FROM pg_control_system()`).Scan(&f.systemID, &f.walLevel, &f.feedback, &f.primarySlot)
 	if err != nil {
 		return []Finding{failed(checkStandby, "read the replication server's settings", err)}
 	}
@@ -75,7 +79,7 @@ func classifyStandby(where, role string, f standbyFacts) []Finding {
 		return []Finding{{Check: checkStandby, Severity: Warn,
 			Message: fmt.Sprintf("%s is not a standby (%s): the slot and its decoding stay on a primary", where, f.server),
 			Remedy:  "point CDCRELAY_REPLICATION_URL at a physical standby, or unset it (after a promotion this is expected until a new standby exists)"}}
-	case f.server.Version < 160000:
+	case !f.server.DecodesOnStandby():
 		return bad(fmt.Sprintf("%s is %s: logical decoding on a standby needs PostgreSQL 16 or later", where, f.server), "upgrade, or unset CDCRELAY_REPLICATION_URL")
 	case f.walLevel != "logical":
 		return bad(fmt.Sprintf("the standby %s has wal_level=%s", where, f.walLevel), "set wal_level = logical on the standby (as on the primary) and restart it")

@@ -4,13 +4,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cdcrelay/cdcrelay/internal/slot"
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 )
 
 // TestClassifyStandby: what check says about CDCRELAY_REPLICATION_URL's
 // server.
 func TestClassifyStandby(t *testing.T) {
-	base := standbyFacts{server: slot.Server{Version: 170010, InRecovery: true}, systemID: "7", primarySystemID: "7",
+	base := standbyFacts{server: pgcaps.Caps{Version: 170010, InRecovery: true}, systemID: "7", primarySystemID: "7",
 		walLevel: "logical", feedback: "on", primarySlot: "sb1", physicalExists: true, physicalActive: true, snapshotExists: true, canSnapshot: true}
 	with := func(f func(*standbyFacts)) standbyFacts { c := base; f(&c); return c }
 	for name, c := range map[string]struct {

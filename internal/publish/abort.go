@@ -10,7 +10,7 @@ import (
 // take to return on its own before its link's socket is closed under it.
 const stuckGrace = time.Second
 
-// abortIfStuck arms the link's Abort for when ctx (an errgroup's context)
+// abortIfStuck arms the sink's abort for when ctx (an errgroup's context)
 // ends with a failure as its cause and the returned disarm is not called
 // within stuckGrace. A publish blocked in a socket write, because the
 // broker stopped reading (a memory alarm with more unconfirmed bytes than
@@ -24,7 +24,7 @@ const stuckGrace = time.Second
 // it. A failed pipeline's link is never used again, so aborting it is
 // always safe; the grace only spares a failure that unwinds by itself an
 // unclean end of the connection.
-func (l *Link) abortIfStuck(ctx context.Context) (disarm func()) {
+func abortIfStuck(ctx context.Context, abort func()) (disarm func()) {
 	disarmed := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		if errors.Is(context.Cause(ctx), context.Canceled) {
@@ -34,7 +34,7 @@ func (l *Link) abortIfStuck(ctx context.Context) (disarm func()) {
 		defer t.Stop()
 		select {
 		case <-t.C:
-			l.Abort()
+			abort()
 		case <-disarmed:
 		}
 	})

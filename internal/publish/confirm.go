@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/semaphore"
 )
 
@@ -27,7 +26,7 @@ import (
 // the confirms already received, so that what the broker acknowledged
 // before a failure is marked and not published again (invariant 11,
 // docs/architecture.md).
-func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflight, slots *semaphore.Weighted, bytes Budget) error {
+func (p *Publisher) confirmLoop(ctx context.Context, l sinkLane, fifo <-chan inflight, slots *semaphore.Weighted, bytes Budget) error {
 	// An Acker that waits (the janitor's session, for room among its
 	// unwritten marks) must learn at once that the run is over, even while
 	// this loop is blocked in one of its calls: otherwise a failed session
@@ -49,7 +48,7 @@ func (p *Publisher) confirmLoop(ctx context.Context, l *lane, fifo <-chan inflig
 				return err
 			}
 			release(f, slots, bytes)
-		case r, ok := <-l.returns:
+		case r, ok := <-l.returns():
 			if err := p.noteReturn(l, r, ok); err != nil {
 				if !ok { // the lane closed: its confirms are resolved, or about to be
 					return p.handOver(ctx, l, fifo, nil, slots, bytes, err)
@@ -74,7 +73,7 @@ func release(f inflight, slots *semaphore.Weighted, bytes Budget) {
 
 // await waits for f's confirm and handles it: a parked event's dead-letter
 // copy, awaited at its event's turn (parkLate).
-func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
+func (p *Publisher) await(ctx context.Context, l sinkLane, f inflight) error {
 	if err := p.wait(ctx, l, f); err != nil {
 		return err
 	}
@@ -85,7 +84,7 @@ func (p *Publisher) await(ctx context.Context, l *lane, f inflight) error {
 // none), filing the returns that arrive meanwhile; else it leaves f
 // untouched and says why: the confirm timeout, a return it cannot place,
 // the lane's closure or ctx's end (the last two: interrupted).
-func (p *Publisher) wait(ctx context.Context, l *lane, f inflight) error {
+func (p *Publisher) wait(ctx context.Context, l sinkLane, f inflight) error {
 	if f.resumed || f.dc == nil {
 		return nil
 	}
@@ -102,7 +101,7 @@ func (p *Publisher) wait(ctx context.Context, l *lane, f inflight) error {
 		select {
 		case <-f.dc.Done():
 			return nil
-		case r, ok := <-l.returns:
+		case r, ok := <-l.returns():
 			if err := p.noteReturn(l, r, ok); err != nil {
 				return err
 			}
@@ -113,6 +112,7 @@ func (p *Publisher) wait(ctx context.Context, l *lane, f inflight) error {
 				timer.Reset(p.ConfirmTimeout)
 				continue
 			}
+			// causeTimeout: actRetry (decide).
 			return fmt.Errorf("%w: event %s unconfirmed after %s", ErrConfirmTimeout, f.id, p.ConfirmTimeout)
 		case <-ctx.Done():
 			return ctx.Err()
@@ -129,12 +129,12 @@ func interrupted(err error) bool {
 
 // handle hands the Acker the fate of f, whose confirmation (if it has one)
 // is resolved.
-func (p *Publisher) handle(ctx context.Context, l *lane, f inflight) error {
+func (p *Publisher) handle(ctx context.Context, l sinkLane, f inflight) error {
 	switch {
 	case f.resumed:
 		p.Metrics.resumed.Inc()
 		p.acks.Resumed(f.ref())
-		p.Resume.unstall(f.at, p.Metrics)
+		p.Carryover.unstall(f.at, p.Metrics)
 		return nil
 	case f.dc == nil: // parked without a dead-letter copy: already handed over
 		return nil
@@ -145,7 +145,7 @@ func (p *Publisher) handle(ctx context.Context, l *lane, f inflight) error {
 	// already waiting here.
 	p.drainReturns(l)
 	p.Metrics.inFlight.Dec()
-	return p.settle(ctx, l, f)
+	return p.handleConfirm(ctx, l, f)
 }
 
 // handOverWait bounds handOver's wait, after a failure, for confirmations
@@ -183,7 +183,7 @@ const handOverWait = time.Second
 // docs/architecture.md): after a failure it waits at most handOverWait;
 // after a stop (context.Canceled: the caller's deadline) it takes only
 // what is resolved already.
-func (p *Publisher) handOver(ctx context.Context, l *lane, fifo <-chan inflight, f *inflight, slots *semaphore.Weighted, bytes Budget, cause error) error {
+func (p *Publisher) handOver(ctx context.Context, l sinkLane, fifo <-chan inflight, f *inflight, slots *semaphore.Weighted, bytes Budget, cause error) error {
 	p.ending()
 	wait := handOverWait
 	if errors.Is(context.Cause(ctx), context.Canceled) {
@@ -238,7 +238,7 @@ func receive(fifo <-chan inflight, deadline <-chan struct{}) (f inflight, ok boo
 // waiting by deadline and filing the returns that arrive meanwhile, as wait
 // does. A return it cannot place stops the hand-over: it might be one of
 // the messages about to be handed on.
-func (p *Publisher) resolved(l *lane, f inflight, deadline <-chan struct{}) bool {
+func (p *Publisher) resolved(l sinkLane, f inflight, deadline <-chan struct{}) bool {
 	if f.resumed || f.dc == nil {
 		return true
 	}
@@ -247,7 +247,7 @@ func (p *Publisher) resolved(l *lane, f inflight, deadline <-chan struct{}) bool
 		return true
 	default:
 	}
-	returns := l.returns
+	returns := l.returns()
 	for {
 		select {
 		case <-f.dc.Done():
@@ -274,16 +274,16 @@ func (p *Publisher) ending() { p.acks.Ending() }
 const maxSeen = 4096
 
 // settle handles a message whose confirmation resolved.
-func (p *Publisher) settle(ctx context.Context, l *lane, f inflight) error {
+func (p *Publisher) handleConfirm(ctx context.Context, l sinkLane, f inflight) error {
 	ret, returned := p.takeReturn(l, f)
 	if f.copyOf {
-		return p.settleCopy(l, f, returned)
+		return p.handleCopyConfirm(l, f, returned)
 	}
 	if !f.dc.Acked() {
-		if l.ch.IsClosed() {
+		if l.isClosed() {
 			return p.closedWhile(l, f)
 		}
-		p.Metrics.nacks.Inc()
+		p.Metrics.nacks.Inc() // causeNack: actRetry (decide)
 		return fmt.Errorf("%w: event %s (a queue refused it: overflow reject-publish or an internal error)", ErrNacked, f.id)
 	}
 	if f.rowExchange { // acked, returned or not: the exchange exists (drainFor)
@@ -293,7 +293,7 @@ func (p *Publisher) settle(ctx context.Context, l *lane, f inflight) error {
 		return p.unroutable(ctx, l, f, ret)
 	}
 	p.acks.Ack(f.ref())
-	p.Resume.unstall(f.at, p.Metrics)
+	p.Carryover.unstall(f.at, p.Metrics)
 	now := time.Now()
 	p.Metrics.lastConfirm.Set(float64(now.UnixNano()) / 1e9)
 	p.Metrics.confirmLatency.Observe(now.Sub(f.sent).Seconds())
@@ -303,15 +303,15 @@ func (p *Publisher) settle(ctx context.Context, l *lane, f inflight) error {
 	return nil
 }
 
-// settleCopy counts a dead-letter copy the broker did not take, and parks
+// handleCopyConfirm counts a dead-letter copy the broker did not take, and parks
 // its row if that waited for the copy (parkReason): taken or not, the row
 // is parked, so a refused copy never stalls anything (invariant 3, docs/architecture.md). Only a
 // closed channel ends the session, before the park, as any closed channel
 // does; a copy refused while it was alone in flight is not sent again.
-func (p *Publisher) settleCopy(l *lane, f inflight, returned bool) error {
+func (p *Publisher) handleCopyConfirm(l sinkLane, f inflight, returned bool) error {
 	var outcome string
 	switch {
-	case !f.dc.Acked() && l.ch.IsClosed():
+	case !f.dc.Acked() && l.isClosed():
 		if e := l.closeReason(); e != nil && f.alone != nil {
 			p.blame(l, e)
 		}
@@ -328,7 +328,7 @@ func (p *Publisher) settleCopy(l *lane, f inflight, returned bool) error {
 	p.Log.Error("a parked event's dead-letter copy was not taken by the broker; the row stays parked and the stream goes on",
 		"event", logID(f.id), "outcome", outcome, "dead_letter_exchange", f.exchange, "routing_key", f.key,
 		"remedy", "bind a queue to the dead-letter exchange for this routing key (or '#')")
-	p.parkAfterCopy(f)
+	p.parkAfterCopy(f) // causeCopyNotTaken: actPark (decide)
 	return nil
 }
 
@@ -343,11 +343,11 @@ func (p *Publisher) parkAfterCopy(f inflight) {
 // watch turns connection and channel closure into errors and tracks flow
 // control, until the confirm loops are done.
 func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
-	closed := make(chan error, len(p.link.lanes))
-	for _, l := range p.link.lanes {
+	closed := make(chan error, len(p.sink.lanes()))
+	for _, l := range p.sink.lanes() {
 		go func() {
 			select {
-			case e, ok := <-l.closed:
+			case e, ok := <-l.closing():
 				if ok && e != nil {
 					p.blame(l, e) // the lane's confirm loop may never see it: this error ends the session first
 				}
@@ -357,10 +357,10 @@ func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
 			}
 		}()
 	}
-	blocked := p.link.blocked
+	blocked := p.sink.blocked()
 	for {
 		select {
-		case e, ok := <-p.link.connClosed:
+		case e, ok := <-p.sink.connClosed(): // causeTransport: actRetry (decide)
 			return closedError("connection", e, ok)
 		case err := <-closed:
 			return err
@@ -406,33 +406,34 @@ func (p *Publisher) unblock() {
 
 // laneClosed is the error of a lane whose channel closed, with the
 // broker's reason when it gave one.
-func laneClosed(l *lane) error {
+func laneClosed(l sinkLane) error {
 	e := l.closeReason()
 	return closedError("channel", e, e != nil)
 }
 
 // closedError says that the channel or connection closed and, when the
-// broker closed it, why. A 404 is a publish to an exchange that does not
-// exist (deleted while the relay ran, or named by a row's exchange
-// column): the broker's reason names the exchange, and the error adds the
-// remedy. The error is ErrClosed and, through errors.As, the *amqp.Error.
-func closedError(what string, e *amqp.Error, ok bool) error {
+// broker closed it, why. A missing exchange is a publish to an exchange
+// that does not exist (deleted while the relay ran, or named by a row's
+// exchange column): the broker's reason names the exchange, and the error
+// adds the remedy. The error is ErrClosed and, through errors.As, the
+// broker's own error (an *amqp.Error).
+func closedError(what string, e *closure, ok bool) error {
 	if !ok || e == nil {
 		return fmt.Errorf("%w: %s closed", ErrClosed, what)
 	}
 	// The reason may quote a whole over-long value (a frame error).
-	msg := fmt.Sprintf("%v: %s closed by the broker: %d %s", ErrClosed, what, e.Code, clipText(e.Reason))
-	if e.Code == amqp.NotFound {
+	msg := fmt.Sprintf("%v: %s closed by the broker: %d %s", ErrClosed, what, e.code, clipText(e.reason))
+	if e.kind == closeNoExchange {
 		msg += ": the exchange does not exist (deleted?): declare it (the relay does not declare topology), or fix CDCRELAY_EXCHANGE or the row's exchange column (CDCRELAY_EXCHANGE_COLUMN)"
 	}
-	return &brokerClosed{msg: msg, reason: e, channel: what == "channel"}
+	return &brokerClosed{msg: msg, reason: e.err, channel: what == "channel"}
 }
 
 // brokerClosed is a channel or connection the broker closed, with its
 // reason.
 type brokerClosed struct {
 	msg     string
-	reason  *amqp.Error
+	reason  error
 	channel bool // a channel, not the whole connection: the broker refused something on it
 }
 

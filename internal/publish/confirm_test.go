@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -88,7 +89,7 @@ func startConfirmRigWith(t *testing.T, cfg PublisherConfig, acker Acker, rec *re
 	cfg.Exchange = b.exchange
 	cfg.MaxMessageBytes = 1 << 20
 	cfg.Log = slog.New(slog.DiscardHandler)
-	r.p = NewPublisher(link, r.in, acker, r.budget, cfg)
+	r.p = newPublisher(link, r.in, acker, r.budget, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.ctx = ctx
 	go func() { r.done <- r.p.Run(ctx) }()
@@ -128,13 +129,14 @@ func (r *confirmRig) published() int {
 	return r.b.stats.published
 }
 
-// waitFor waits until cond holds, failing after 10s (never a speed check).
+// waitFor fails unless cond holds once every goroutine of the test's
+// bubble (testing/synctest) waits: nothing else can happen before a timer
+// fires, so cond is not a matter of speed.
 func (r *confirmRig) waitFor(what string, cond func() bool) {
 	r.t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("after 10s: %s", what)
-		}
+	synctest.Wait()
+	if !cond() {
+		r.t.Fatalf("once every goroutine waits: not %s", what)
 	}
 }
 
@@ -146,49 +148,54 @@ func confirmEvent(i int) wal.Event {
 // weigh more than MaxInFlightBytes, whatever room the window has; each
 // confirm lets the next one through (invariant 6, docs/architecture.md).
 func TestPublisherHoldsNoMoreThanTheByteBudget(t *testing.T) {
-	ev := confirmEvent(0)
-	const fit = 3
-	budget := fit*ev.Weight(1<<30) + ev.Weight(1<<30)/2 // room for 3, not 4
-	r := startConfirmRig(t, PublisherConfig{MaxInFlight: 100, MaxInFlightBytes: budget, ConfirmTimeout: time.Hour})
-	go func() { // the feeder waits for bytes as the WAL reader does; it ends with the rig
-		for i := range 10 {
-			if !r.send(confirmEvent(i)) {
-				return
+	synctest.Test(t, func(t *testing.T) {
+		ev := confirmEvent(0)
+		const fit = 3
+		budget := fit*ev.Weight(1<<30) + ev.Weight(1<<30)/2 // room for 3, not 4
+		r := startConfirmRig(t, PublisherConfig{MaxInFlight: 100, MaxInFlightBytes: budget, ConfirmTimeout: time.Hour})
+		go func() { // the feeder waits for bytes as the WAL reader does; it ends with the rig
+			for i := range 10 {
+				if !r.send(confirmEvent(i)) {
+					return
+				}
+			}
+		}()
+		r.waitFor("3 events published", func() bool { return r.published() == fit })
+		// The publisher is now waiting for bytes: let every goroutine run until
+		// it waits.
+		synctest.Wait()
+		if n := r.published(); n != fit {
+			t.Fatalf("%d messages unconfirmed with a byte budget for %d", n, fit)
+		}
+		for want := fit + 1; want <= 10; want++ {
+			r.b.confirmBurst(1)
+			r.waitFor(fmt.Sprintf("message %d published after a confirm", want), func() bool { return r.published() == want })
+			if unconfirmed := r.published() - r.acks.count(); unconfirmed > fit {
+				t.Fatalf("%d messages unconfirmed, budget for %d", unconfirmed, fit)
 			}
 		}
-	}()
-	r.waitFor("3 events published", func() bool { return r.published() == fit })
-	// The publisher is now waiting for bytes: several turns of nothing.
-	time.Sleep(100 * time.Millisecond)
-	if n := r.published(); n != fit {
-		t.Fatalf("%d messages unconfirmed with a byte budget for %d", n, fit)
-	}
-	for want := fit + 1; want <= 10; want++ {
-		r.b.confirmBurst(1)
-		r.waitFor(fmt.Sprintf("message %d published after a confirm", want), func() bool { return r.published() == want })
-		if unconfirmed := r.published() - r.acks.count(); unconfirmed > fit {
-			t.Fatalf("%d messages unconfirmed, budget for %d", unconfirmed, fit)
-		}
-	}
+	})
 }
 
 // TestPublisherConfirmTimeout: a message the broker never confirms ends
 // Run with ErrConfirmTimeout, and nothing is acked.
 func TestPublisherConfirmTimeout(t *testing.T) {
-	r := startConfirmRig(t, PublisherConfig{MaxInFlight: 8, MaxInFlightBytes: 1 << 20, ConfirmTimeout: 100 * time.Millisecond})
-	r.send(confirmEvent(0))
-	select {
-	case err := <-r.done:
-		if !errors.Is(err, ErrConfirmTimeout) {
-			t.Fatalf("Run: %v, want ErrConfirmTimeout", err)
+	synctest.Test(t, func(t *testing.T) {
+		r := startConfirmRig(t, PublisherConfig{MaxInFlight: 8, MaxInFlightBytes: 1 << 20, ConfirmTimeout: 100 * time.Millisecond})
+		r.send(confirmEvent(0))
+		select {
+		case err := <-r.done:
+			if !errors.Is(err, ErrConfirmTimeout) {
+				t.Fatalf("Run: %v, want ErrConfirmTimeout", err)
+			}
+			r.done <- err // for the cleanup
+		case <-time.After(10 * time.Second):
+			t.Fatal("no confirm timeout")
 		}
-		r.done <- err // for the cleanup
-	case <-time.After(10 * time.Second):
-		t.Fatal("no confirm timeout")
-	}
-	if n := r.acks.count(); n != 0 {
-		t.Fatalf("%d acks without a confirm", n)
-	}
+		if n := r.acks.count(); n != 0 {
+			t.Fatalf("%d acks without a confirm", n)
+		}
+	})
 }
 
 // TestPublisherConfirmTimeoutPausedWhileBlocked: while the broker blocks
@@ -196,40 +203,43 @@ func TestPublisherConfirmTimeout(t *testing.T) {
 // failure: the timeout does not fire, the late confirm is taken, and the
 // publisher drains normally.
 func TestPublisherConfirmTimeoutPausedWhileBlocked(t *testing.T) {
-	const timeout = 50 * time.Millisecond
-	r := startConfirmRig(t, PublisherConfig{MaxInFlight: 8, MaxInFlightBytes: 1 << 20, ConfirmTimeout: timeout})
-	r.b.block(true)
-	r.waitFor("the publisher saw the block", r.p.blocked.Load)
-	r.send(confirmEvent(0))
-	r.waitFor("the event published", func() bool { return r.published() == 1 })
-	time.Sleep(10 * timeout)
-	select {
-	case err := <-r.done:
-		r.done <- err
-		t.Fatalf("Run ended while the broker blocked publishers: %v", err)
-	default:
-	}
-	r.b.confirmBurst(1)
-	r.waitFor("the late confirm taken", func() bool { return r.acks.count() == 1 })
-	r.b.block(false)
-	close(r.in)
-	select {
-	case err := <-r.done:
-		r.done <- err // for the cleanup
-		if err != nil {
-			t.Fatalf("Run after the drain: %v", err)
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 50 * time.Millisecond
+		r := startConfirmRig(t, PublisherConfig{MaxInFlight: 8, MaxInFlightBytes: 1 << 20, ConfirmTimeout: timeout})
+		r.b.block(true)
+		r.waitFor("the publisher saw the block", r.p.blocked.Load)
+		r.send(confirmEvent(0))
+		r.waitFor("the event published", func() bool { return r.published() == 1 })
+		time.Sleep(10 * timeout) // the bubble's clock: ten timeouts pass at once
+		synctest.Wait()
+		select {
+		case err := <-r.done:
+			r.done <- err
+			t.Fatalf("Run ended while the broker blocked publishers: %v", err)
+		default:
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("not drained after the confirm")
-	}
-	select {
-	case <-r.p.Drained():
-	default:
-		t.Fatal("Run returned nil without closing Drained")
-	}
-	if n := r.acks.count(); n != 1 {
-		t.Fatalf("%d acks, want 1", n)
-	}
+		r.b.confirmBurst(1)
+		r.waitFor("the late confirm taken", func() bool { return r.acks.count() == 1 })
+		r.b.block(false)
+		close(r.in)
+		select {
+		case err := <-r.done:
+			r.done <- err // for the cleanup
+			if err != nil {
+				t.Fatalf("Run after the drain: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("not drained after the confirm")
+		}
+		select {
+		case <-r.p.Drained():
+		default:
+			t.Fatal("Run returned nil without closing Drained")
+		}
+		if n := r.acks.count(); n != 1 {
+			t.Fatalf("%d acks, want 1", n)
+		}
+	})
 }
 
 // gateAcker holds its first Ack until Ending is called (or a second
@@ -274,35 +284,37 @@ func (a *gateAcker) Ending() { a.once.Do(func() { close(a.gate) }) }
 func TestConfirmLoopHandsOverAcksBeforeClose(t *testing.T) {
 	for i := range 5 {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
-			acks := newGateAcker()
-			r := startConfirmRigWith(t, PublisherConfig{MaxInFlight: 16, MaxInFlightBytes: 1 << 20, ConfirmTimeout: time.Hour}, acks, acks.recordingAcker)
-			for i := range 10 {
-				r.send(confirmEvent(i))
-			}
-			r.waitFor("10 events published", func() bool { return r.published() == 10 })
-			r.b.confirmBurst(1)
-			<-acks.entered
-			r.b.confirmBurst(5)
-			r.b.mu.Lock()
-			r.b.conn.chans[0].shutdown(&amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no exchange 'gone'", Server: true})
-			r.b.mu.Unlock()
-			var err error
-			select {
-			case err = <-r.done:
-				r.done <- err // for the cleanup
-			case <-time.After(10 * time.Second):
-				t.Fatal("Run still running 10s after the channel closed")
-			}
-			if !errors.Is(err, ErrClosed) {
-				t.Fatalf("Run: %v, want ErrClosed", err)
-			}
-			want := []string{"e0", "e1", "e2", "e3", "e4", "e5"}
-			if got := acks.list(); !slices.Equal(got, want) {
-				t.Fatalf("acks handed over %v, want %v: the broker acked them before the close", got, want)
-			}
-			if !acks.byEnding.Load() {
-				t.Fatal("the Acker waiting in Ack was not told that the run was over (Ending)")
-			}
+			synctest.Test(t, func(t *testing.T) {
+				acks := newGateAcker()
+				r := startConfirmRigWith(t, PublisherConfig{MaxInFlight: 16, MaxInFlightBytes: 1 << 20, ConfirmTimeout: time.Hour}, acks, acks.recordingAcker)
+				for i := range 10 {
+					r.send(confirmEvent(i))
+				}
+				r.waitFor("10 events published", func() bool { return r.published() == 10 })
+				r.b.confirmBurst(1)
+				<-acks.entered
+				r.b.confirmBurst(5)
+				r.b.mu.Lock()
+				r.b.conn.chans[0].shutdown(&amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no exchange 'gone'", Server: true})
+				r.b.mu.Unlock()
+				var err error
+				select {
+				case err = <-r.done:
+					r.done <- err // for the cleanup
+				case <-time.After(10 * time.Second):
+					t.Fatal("Run still running 10s after the channel closed")
+				}
+				if !errors.Is(err, ErrClosed) {
+					t.Fatalf("Run: %v, want ErrClosed", err)
+				}
+				want := []string{"e0", "e1", "e2", "e3", "e4", "e5"}
+				if got := acks.list(); !slices.Equal(got, want) {
+					t.Fatalf("acks handed over %v, want %v: the broker acked them before the close", got, want)
+				}
+				if !acks.byEnding.Load() {
+					t.Fatal("the Acker waiting in Ack was not told that the run was over (Ending)")
+				}
+			})
 		})
 	}
 }
@@ -316,35 +328,37 @@ func TestConfirmLoopHandsOverAcksBeforeClose(t *testing.T) {
 // docs/architecture.md). The fake broker knows one exchange besides the
 // relay's, its dead-letter one: here it stands for the row's exchange.
 func TestFirstMessageToRowExchangeGoesAlone(t *testing.T) {
-	r := startConfirmRig(t, PublisherConfig{MaxInFlight: 16, MaxInFlightBytes: 1 << 20, ConfirmTimeout: time.Hour})
-	r.b.mu.Lock()
-	r.b.dlx = "row.x"
-	r.b.mu.Unlock()
-	toRow := func(i int) wal.Event { ev := confirmEvent(i); ev.Exchange = "row.x"; return ev }
-	for i := range 5 {
-		r.send(confirmEvent(i))
-	}
-	r.waitFor("5 events published", func() bool { return r.published() == 5 })
-	r.send(toRow(5))
-	r.send(confirmEvent(6))
-	stays := func(n int, why string) {
-		t.Helper()
-		time.Sleep(100 * time.Millisecond)
-		if got := r.published(); got != n {
-			t.Fatalf("%d published, want %d: %s", got, n, why)
+	synctest.Test(t, func(t *testing.T) {
+		r := startConfirmRig(t, PublisherConfig{MaxInFlight: 16, MaxInFlightBytes: 1 << 20, ConfirmTimeout: time.Hour})
+		r.b.mu.Lock()
+		r.b.dlx = "row.x"
+		r.b.mu.Unlock()
+		toRow := func(i int) wal.Event { ev := confirmEvent(i); ev.Exchange = "row.x"; return ev }
+		for i := range 5 {
+			r.send(confirmEvent(i))
 		}
-	}
-	stays(5, "the first message to the row's exchange went out with 5 unconfirmed before it")
-	r.b.confirmBurst(5)
-	r.waitFor("the row's message published once the lane drained", func() bool { return r.published() == 6 })
-	stays(6, "a message went out beside the first one to the row's exchange")
-	r.b.confirmBurst(1)
-	r.waitFor("the next message published after the confirm", func() bool { return r.published() == 7 })
-	r.send(toRow(7)) // the exchange is known now: no wait for e6
-	r.waitFor("a second message to the row's exchange published within the window", func() bool { return r.published() == 8 })
-	r.b.confirmBurst(2)
-	r.waitFor("every confirm handled", func() bool { return r.acks.count() == 8 })
-	if got, want := r.acks.list(), []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7"}; !slices.Equal(got, want) {
-		t.Fatalf("acks %v, want %v", got, want)
-	}
+		r.waitFor("5 events published", func() bool { return r.published() == 5 })
+		r.send(toRow(5))
+		r.send(confirmEvent(6))
+		stays := func(n int, why string) {
+			t.Helper()
+			synctest.Wait()
+			if got := r.published(); got != n {
+				t.Fatalf("%d published, want %d: %s", got, n, why)
+			}
+		}
+		stays(5, "the first message to the row's exchange went out with 5 unconfirmed before it")
+		r.b.confirmBurst(5)
+		r.waitFor("the row's message published once the lane drained", func() bool { return r.published() == 6 })
+		stays(6, "a message went out beside the first one to the row's exchange")
+		r.b.confirmBurst(1)
+		r.waitFor("the next message published after the confirm", func() bool { return r.published() == 7 })
+		r.send(toRow(7)) // the exchange is known now: no wait for e6
+		r.waitFor("a second message to the row's exchange published within the window", func() bool { return r.published() == 8 })
+		r.b.confirmBurst(2)
+		r.waitFor("every confirm handled", func() bool { return r.acks.count() == 8 })
+		if got, want := r.acks.list(), []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7"}; !slices.Equal(got, want) {
+			t.Fatalf("acks %v, want %v", got, want)
+		}
+	})
 }

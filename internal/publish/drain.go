@@ -38,7 +38,7 @@ func (e *exchangesSeen) has(name string) bool {
 }
 
 // laneWindow is how many messages one lane may have unconfirmed.
-func (p *Publisher) laneWindow() int { return max(p.MaxInFlight/len(p.link.lanes), 1) }
+func (p *Publisher) laneWindow() int { return max(p.MaxInFlight/len(p.sink.lanes()), 1) }
 
 // drainFor reports whether ev is the first message to a row's exchange
 // that no confirm of this session has shown to exist and, if so, returns

@@ -49,6 +49,9 @@ type fakeBroker struct {
 	pUnroutable float64 // chance per session that one routing key has no binding
 	keys        []string
 	wellBehaved bool // enqueue and ack everything from now on
+	// keyFates, when set, fixes the fate of the main exchange's messages
+	// by routing key (the sink conformance suite); others go by chance.
+	keyFates map[string]fate
 
 	session    int
 	conn       *fakeConn
@@ -86,20 +89,22 @@ const (
 	fateReturn
 )
 
+// fakeConn is the fake's sink (sink.go), fakeChannel its lanes.
 type fakeConn struct {
-	b        *fakeBroker
-	closed   chan *amqp.Error
-	blocked  chan amqp.Blocking
-	isClosed bool
-	chans    []*fakeChannel
+	b           *fakeBroker
+	closed      chan *closure
+	blockNotify chan amqp.Blocking
+	isClosed    bool
+	chans       []*fakeChannel
 }
 
 type fakeChannel struct {
 	b        *fakeBroker
 	index    int
-	returns  chan amqp.Return
-	closed   chan *amqp.Error
-	isClosed atomic.Bool
+	returned chan amqp.Return
+	closed   chan *closure
+	reason   atomic.Pointer[closure] // set before closed is closed
+	shut     atomic.Bool
 	tag      uint64
 	out      map[uint64]*fakeMsg // outstanding confirmations by delivery tag
 	maxConf  uint64              // highest tag confirmed
@@ -142,9 +147,8 @@ func (b *fakeBroker) problem(format string, args ...any) {
 }
 
 // connect opens a new connection with n confirm channels, sized as
-// Link.setup sizes its notification channels, and returns the Link the
-// publisher uses.
-func (b *fakeBroker) connect(returnsBuf int) (*fakeConn, *Link) {
+// Link.setup sizes its notification channels: the sink the publisher uses.
+func (b *fakeBroker) connect(returnsBuf int) (*fakeConn, sink) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.session++
@@ -155,24 +159,47 @@ func (b *fakeBroker) connect(returnsBuf int) (*fakeConn, *Link) {
 	if !b.wellBehaved && b.rng.Float64() < b.pUnroutable {
 		b.unroutable = b.keys[b.rng.IntN(len(b.keys))]
 	}
-	c := &fakeConn{b: b, closed: make(chan *amqp.Error, 1), blocked: make(chan amqp.Blocking, 8)}
-	link := &Link{connClosed: c.closed, blocked: c.blocked}
+	c := &fakeConn{b: b, closed: make(chan *closure, 1), blockNotify: make(chan amqp.Blocking, 8)}
 	for i := range b.channels {
 		ch := &fakeChannel{
 			b: b, index: i, out: map[uint64]*fakeMsg{},
-			returns: make(chan amqp.Return, max(returnsBuf, 1)),
-			closed:  make(chan *amqp.Error, 1),
+			returned: make(chan amqp.Return, max(returnsBuf, 1)),
+			closed:   make(chan *closure, 1),
 		}
 		c.chans = append(c.chans, ch)
-		link.lanes = append(link.lanes, &lane{ch: ch, returns: ch.returns, closed: ch.closed})
 	}
 	b.conn = c
-	return c, link
+	return c, c
 }
 
-func (c *fakeChannel) IsClosed() bool { return c.isClosed.Load() }
+func (c *fakeConn) lanes() []sinkLane {
+	out := make([]sinkLane, len(c.chans))
+	for i, ch := range c.chans {
+		out[i] = ch
+	}
+	return out
+}
 
-func (c *fakeChannel) PublishWithDeferredConfirmWithContext(ctx context.Context, exchange, key string, mandatory, _ bool, msg amqp.Publishing) (confirmation, error) {
+func (c *fakeConn) connClosed() <-chan *closure   { return c.closed }
+func (c *fakeConn) blocked() <-chan amqp.Blocking { return c.blockNotify }
+func (c *fakeConn) frameMax() int                 { return 0 }
+
+// Abort is a dropped socket: the connection shuts down with an error, and
+// the broker keeps what it received.
+func (c *fakeConn) Abort() {
+	c.b.closeConn(c, &amqp.Error{Code: amqp.FrameError, Reason: "socket closed by Abort"}, false)
+}
+
+func (c *fakeChannel) isClosed() bool { return c.shut.Load() }
+
+func (c *fakeChannel) returns() <-chan amqp.Return { return c.returned }
+func (c *fakeChannel) closing() <-chan *closure    { return c.closed }
+func (c *fakeChannel) closeReason() *closure       { return c.reason.Load() }
+
+// publish is amqp091-go's PublishWithDeferredConfirmWithContext with
+// mandatory set, as Link's lanes call it.
+func (c *fakeChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (confirmation, error) {
+	const mandatory = true
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -184,7 +211,7 @@ func (c *fakeChannel) PublishWithDeferredConfirmWithContext(ctx context.Context,
 	b := c.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if c.isClosed.Load() {
+	if c.shut.Load() {
 		return nil, amqp.ErrClosed
 	}
 	if !mandatory || msg.DeliveryMode != amqp.Persistent {
@@ -221,7 +248,10 @@ func (c *fakeChannel) PublishWithDeferredConfirmWithContext(ctx context.Context,
 // decide routes a message on arrival. Caller holds mu.
 func (c *fakeChannel) decide(main bool, key string) fate {
 	b := c.b
+	f, fixed := b.keyFates[key]
 	switch {
+	case main && fixed:
+		return f
 	case b.wellBehaved:
 		return fateEnqueue
 	case c.nacking:
@@ -309,7 +339,7 @@ func (b *fakeBroker) confirm(multiple, oldest bool) bool {
 			b.stats.returns++
 			r := amqp.Return{ReplyCode: amqp.NoRoute, ReplyText: "NO_ROUTE", Exchange: m.exchange, RoutingKey: m.key, MessageId: m.id, Headers: m.headers}
 			select {
-			case c.returns <- r:
+			case c.returned <- r:
 			default:
 				// amqp091-go would block its reader for 5 s, then drop it.
 				b.problem("returns buffer of channel %d full: return of %s would be dropped", c.index, m.id)
@@ -350,20 +380,23 @@ func (b *fakeBroker) resolve(c *fakeChannel, m *fakeMsg, ack bool) {
 	delete(c.out, m.tag)
 }
 
-// shutdown is amqp091-go's Channel.shutdown. Caller holds mu.
+// shutdown is amqp091-go's Channel.shutdown, its reason classified as
+// Link's lanes classify it. Caller holds mu.
 func (c *fakeChannel) shutdown(e *amqp.Error) {
-	if c.isClosed.Load() {
+	if c.shut.Load() {
 		return
 	}
-	c.isClosed.Store(true)
+	c.shut.Store(true)
 	if e != nil {
+		r := classifyClose(e)
+		c.reason.Store(r)
 		select { // buffered: Link.setup gives NotifyClose room for one
-		case c.closed <- e:
+		case c.closed <- r:
 		default:
 		}
 	}
 	close(c.closed)
-	close(c.returns)
+	close(c.returned)
 	for t, m := range c.out { // confirms.Close: every pending one nacked
 		m.ack = false
 		close(m.done)
@@ -398,7 +431,7 @@ func (b *fakeBroker) closeConn(c *fakeConn, e *amqp.Error, lose bool) {
 	if e != nil {
 		b.stats.drops++
 		select {
-		case c.closed <- e:
+		case c.closed <- classifyClose(e):
 		default:
 		}
 	}
@@ -409,7 +442,7 @@ func (b *fakeBroker) closeConn(c *fakeConn, e *amqp.Error, lose bool) {
 		ch.shutdown(e)
 	}
 	close(c.closed)
-	close(c.blocked)
+	close(c.blockNotify)
 }
 
 // loseTail drops the messages the broker never received: a suffix of the
@@ -437,7 +470,7 @@ func (b *fakeBroker) block(active bool) {
 		return
 	}
 	select {
-	case b.conn.blocked <- amqp.Blocking{Active: active, Reason: "model"}:
+	case b.conn.blockNotify <- amqp.Blocking{Active: active, Reason: "model"}:
 	default:
 	}
 }

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/cdcrelay/cdcrelay/internal/coalesce"
+	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
 // ErrNoExchange is returned by Dial when the configured exchange is missing.
@@ -21,18 +22,18 @@ var ErrNoExchange = errors.New("exchange does not exist")
 
 // Link is one AMQP connection with its confirm-mode channels, one per
 // lane (CDCRELAY_PUBLISH_CHANNELS), and the notification channels the
-// publisher watches. Every notification channel
+// publisher watches: the AMQP sink (sink.go). Every notification channel
 // is buffered: amqp091-go drops a notification a listener does not take
 // within 5 s, and a dropped return would be a silent loss.
 type Link struct {
 	Conn  *amqp.Connection
-	lanes []*lane
+	chans []*lane
 	// raw is the socket under Conn, which the relay owns: Abort closes it
 	// whatever amqp091-go is doing.
 	raw *coalesce.Conn
 
-	connClosed chan *amqp.Error
-	blocked    chan amqp.Blocking
+	connNotify  chan *closure
+	blockNotify chan amqp.Blocking
 
 	node      string // host:port of the broker node, for logs
 	nodeIndex int    // its place in DialOptions.URLs
@@ -47,18 +48,19 @@ func (l *Link) Node() string { return l.node }
 // after it.
 func (l *Link) NodeIndex() int { return l.nodeIndex }
 
-// lane is one confirm-mode channel with its own notifications. Messages on
-// one lane keep their order; lanes are independent of each other.
+// lane is one confirm-mode channel with its own notifications: the AMQP
+// sinkLane. Messages on one lane keep their order; lanes are independent
+// of each other.
 type lane struct {
-	ch      channel
-	returns chan amqp.Return
-	closed  chan *amqp.Error // read by the publisher's watch
+	ch       *amqp.Channel
+	returned chan amqp.Return
+	closed   chan *closure // read by the publisher's watch
 	// reason is a second close notification, read only through
 	// closeReason by the lane's own loops.
 	reason chan *amqp.Error
 
 	mu       sync.Mutex
-	closeErr *amqp.Error
+	closeErr *closure
 }
 
 // closeReason returns why the broker closed the lane's channel (a 404 for
@@ -66,14 +68,14 @@ type lane struct {
 // sends the reason to every NotifyClose listener before it closes the
 // returns channel and resolves the unconfirmed messages, so a loop that
 // sees either has the reason here at once; it never waits.
-func (l *lane) closeReason() *amqp.Error {
+func (l *lane) closeReason() *closure {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closeErr == nil {
 		select {
 		case e, ok := <-l.reason: // a nil channel (test lanes) is never ready
 			if ok {
-				l.closeErr = e
+				l.closeErr = classifyClose(e)
 			}
 		default:
 		}
@@ -81,32 +83,90 @@ func (l *lane) closeReason() *amqp.Error {
 	return l.closeErr
 }
 
-// channel is what a lane needs of a confirm-mode AMQP channel. Dial wraps
-// an *amqp.Channel (amqpChannel); the pipeline's model test puts a fake
-// broker here that mimics amqp091-go's confirm and close semantics.
-type channel interface {
-	PublishWithDeferredConfirmWithContext(ctx context.Context, exchange, key string, mandatory, immediate bool, msg amqp.Publishing) (confirmation, error)
-	IsClosed() bool
-}
-
-// confirmation is the broker's answer to one publish, as
-// *amqp.DeferredConfirmation gives it: Done is closed once the message is
-// acked or nacked, or its channel closed (then Acked is false).
-type confirmation interface {
-	Done() <-chan struct{}
-	Acked() bool
-}
-
-// amqpChannel is the real channel.
-type amqpChannel struct{ *amqp.Channel }
-
-func (c amqpChannel) PublishWithDeferredConfirmWithContext(ctx context.Context, exchange, key string, mandatory, immediate bool, msg amqp.Publishing) (confirmation, error) {
-	dc, err := c.Channel.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, immediate, msg)
+// publish implements sinkLane; a lane without a channel (tests) has
+// none to publish on.
+func (l *lane) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (confirmation, error) {
+	if l.ch == nil {
+		return nil, amqp.ErrClosed
+	}
+	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
 	if err != nil {
 		// A nil *DeferredConfirmation must not become a non-nil interface.
 		return nil, err
 	}
 	return dc, nil
+}
+
+func (l *lane) isClosed() bool                { return l.ch == nil || l.ch.IsClosed() }
+func (l *lane) returns() <-chan amqp.Return   { return l.returned }
+func (l *lane) closing() <-chan *closure      { return l.closed }
+func (l *Link) connClosed() <-chan *closure   { return l.connNotify }
+func (l *Link) blocked() <-chan amqp.Blocking { return l.blockNotify }
+
+// lanes implements sink.
+func (l *Link) lanes() []sinkLane {
+	out := make([]sinkLane, len(l.chans))
+	for i, c := range l.chans {
+		out[i] = c
+	}
+	return out
+}
+
+// frameMax implements sink: the frame size negotiated with the broker, 0
+// if unknown.
+func (l *Link) frameMax() int {
+	if l.Conn == nil {
+		return 0
+	}
+	return l.Conn.Config.FrameSize
+}
+
+// NewPublisher returns the publisher of one session on link: it publishes
+// the events of in and reports their fate to acks, releasing each event's
+// weight, which the feeder of in acquired, into budget.
+func NewPublisher(link *Link, in <-chan wal.Event, acks Acker, budget Budget, cfg PublisherConfig) *Publisher {
+	var s sink
+	if link != nil { // a nil *Link must not become a non-nil sink
+		s = link
+	}
+	return newPublisher(s, in, acks, budget, cfg)
+}
+
+// classifyClose is the AMQP reading of a close: 406 PRECONDITION_FAILED
+// refuses the message in flight (and may name the broker's
+// max_message_size), 404 NOT_FOUND names a missing exchange, anything
+// else is the broker's own trouble. Nil for nil.
+func classifyClose(e *amqp.Error) *closure {
+	if e == nil {
+		return nil
+	}
+	c := &closure{code: e.Code, reason: e.Reason, err: e}
+	switch e.Code {
+	case amqp.PreconditionFailed:
+		c.kind = closeRefused
+		if limit, ok := BrokerMaxMessageSize(e.Reason); ok {
+			c.limit = limit
+		}
+	case amqp.NotFound:
+		c.kind = closeNoExchange
+	}
+	return c
+}
+
+// classified forwards a NotifyClose channel's reason, classified, and
+// closes with it: amqp091-go sends the reason, then closes the channel,
+// when the channel or connection shuts down, which ends the goroutine.
+// The copy may lag, which sinkLane allows for closing (never for returns);
+// closeReason reads a NotifyClose channel of its own, without the lag.
+func classified(in <-chan *amqp.Error) chan *closure {
+	out := make(chan *closure, 1)
+	go func() {
+		defer close(out)
+		for e := range in {
+			out <- classifyClose(e)
+		}
+	}()
+	return out
 }
 
 // DialOptions configure Dial.
@@ -244,15 +304,15 @@ func (l *Link) setup(o DialOptions) error {
 		if err := ch.Confirm(false); err != nil {
 			return fmt.Errorf("enable publisher confirms: %w", err)
 		}
-		l.lanes = append(l.lanes, &lane{
-			ch:      amqpChannel{ch},
-			returns: ch.NotifyReturn(make(chan amqp.Return, max(o.Window, 1))),
-			closed:  ch.NotifyClose(make(chan *amqp.Error, 1)),
-			reason:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+		l.chans = append(l.chans, &lane{
+			ch:       ch,
+			returned: ch.NotifyReturn(make(chan amqp.Return, max(o.Window, 1))),
+			closed:   classified(ch.NotifyClose(make(chan *amqp.Error, 1))),
+			reason:   ch.NotifyClose(make(chan *amqp.Error, 1)),
 		})
 	}
-	l.connClosed = l.Conn.NotifyClose(make(chan *amqp.Error, 1))
-	l.blocked = l.Conn.NotifyBlocked(make(chan amqp.Blocking, 8))
+	l.connNotify = classified(l.Conn.NotifyClose(make(chan *amqp.Error, 1)))
+	l.blockNotify = l.Conn.NotifyBlocked(make(chan amqp.Blocking, 8))
 	return nil
 }
 

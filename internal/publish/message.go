@@ -1,8 +1,23 @@
 // Package publish owns the broker side: the AMQP connection, its
 // confirm-mode channels, the bounded in-flight window, the poison decision
-// and the mapping of confirms back to the ack watermark. A lane is one
+// and the hand-off of each confirm (or park) to the Acker; the janitor's
+// session, not this package, moves the watermark once the event's row is
+// marked (invariant 10, docs/architecture.md). A lane is one
 // confirm-mode AMQP channel with its own window; CDCRELAY_PUBLISH_CHANNELS
 // sets how many, and an event's routing key picks its lane (LaneOf).
+//
+// The broker sits behind one seam, the sink and sinkLane interfaces of
+// sink.go. The core (publisher.go, confirm.go, drain.go, abort.go,
+// returns.go, poison.go, fate.go, carryover.go, refusals.go, metrics.go)
+// reaches the broker only through it; link.go is the AMQP adapter (Dial,
+// Link and its lanes). A new sink implements sink and sinkLane with the
+// guarantees written there, and passes runSinkConformance
+// (sink_conformance_test.go), as the AMQP link and the model test's fake
+// broker do. The sink classifies why a lane closed (closure), so the core
+// reads no close codes. What still ties the core to AMQP is the other
+// values that cross the seam: amqp091-go's Publishing (built by
+// message.go, envelope.go, poison.go and validate.go) and Return (read by
+// returns.go).
 package publish
 
 import (
@@ -18,21 +33,30 @@ import (
 	"github.com/jackc/pglogrepl"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/cdcrelay/cdcrelay/inbox"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
 // Header names the relay sets on every message so consumers can deduplicate
-// (with message_id) and detect reordering.
+// (with message_id) and detect reordering. The ordering headers are the
+// public inbox package's constants, not a copy: they are the wire contract
+// a consumer compiles against, so the relay takes them from the consumer's
+// side. The other direction would make the public package import an
+// internal one and link the relay's pipeline into every consumer; this
+// one adds a single edge from publish to a package that imports nothing of
+// the relay's and no library the relay does not link already.
+// TestWireContract (message_test.go) checks that inbox reads back what
+// MessageOn writes.
 const (
-	HeaderCommitLSN = "cdcrelay-commit-lsn" // commit LSN of the event's transaction, e.g. "0/1A2B3C"
-	HeaderTxIndex   = "cdcrelay-tx-index"   // position of the event among its transaction's outbox rows
+	HeaderCommitLSN = inbox.HeaderCommitLSN // commit LSN of the event's transaction, e.g. "0/1A2B3C" (lsnText)
+	HeaderTxIndex   = inbox.HeaderTxIndex   // position of the event among its transaction's outbox rows
 	HeaderTrace     = "traceparent"         // W3C trace context, when the row carries one
 	// HeaderTimeline is the server's timeline at the session that
 	// published the message (IDENTIFY_SYSTEM): a promoted standby reuses
 	// LSNs the old primary used for transactions it never received, so
 	// the commit LSN and index alone repeat and go back across a
 	// failover; (timeline, commit LSN, index) does not (docs/messages.md).
-	HeaderTimeline = "cdcrelay-timeline"
+	HeaderTimeline = inbox.HeaderTimeline
 )
 
 // Message is MessageOn for a session whose timeline is not known: the

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/cdcrelay/cdcrelay/inbox"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
@@ -208,5 +209,34 @@ func equal(a, b any) bool {
 		return true
 	default:
 		return a == b
+	}
+}
+
+// TestWireContract: what MessageOn writes is what the public inbox package
+// reads (inbox.PositionOf): the same header names, the commit LSN in a
+// text inbox parses back to the same LSN and prints (Position.LSNText) the
+// same way, the index and the timeline as integers it accepts. A change on
+// either side that a consumer would see fails here.
+func TestWireContract(t *testing.T) {
+	for _, c := range []struct {
+		lsn      pglogrepl.LSN
+		index    int
+		timeline uint32
+	}{
+		{0x16B3748, 0, 0}, {1 << 32, 3, 1}, {0xABCDEF0123456789, 41, 7}, {^pglogrepl.LSN(0), 1 << 20, 0xFFFFFFFF},
+	} {
+		ev := &wal.Event{ID: "1", CommitLSN: c.lsn, Index: c.index, Payload: []byte(`{}`)}
+		msg, err := MessageOn(ev, c.timeline)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := inbox.PositionOf(msg.Headers)
+		want := inbox.Position{Timeline: c.timeline, CommitLSN: uint64(c.lsn), TxIndex: int64(c.index), Valid: true}
+		if got != want {
+			t.Errorf("inbox reads %+v from %v, want %+v", got, msg.Headers, want)
+		}
+		if text := msg.Headers[HeaderCommitLSN]; text != got.LSNText() {
+			t.Errorf("the relay writes the commit LSN %v, inbox prints it %q", text, got.LSNText())
+		}
 	}
 }

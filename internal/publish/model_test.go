@@ -17,11 +17,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/semaphore"
 
-	"github.com/cdcrelay/cdcrelay/internal/slot"
+	"github.com/cdcrelay/cdcrelay/internal/progress"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
-// The pipeline model test drives the real Publisher and slot.Watermark
+// The pipeline model test drives the real Publisher and progress.Watermark
 // with decoded transactions on one side and a fake confirm-mode broker
 // (fakebroker_test.go) on the other, through random acks, multiple acks,
 // nacks, returns, closed channels, dropped connections and restarts from
@@ -123,8 +123,8 @@ type model struct {
 	slot    pglogrepl.LSN // the slot's confirmed position
 	marked  map[string]bool
 	parked  map[string]bool
-	resume  *Resume // what sessions leave the next, as the relay keeps it
-	resumed int     // events skipped as done by an earlier session
+	resume  *Carryover // what sessions leave the next, as the relay keeps it
+	resumed int        // events skipped as done by an earlier session
 	trace   []string
 }
 
@@ -133,7 +133,7 @@ func newModel(t testing.TB, seed uint64, o modelOpts) *model {
 	m := &model{
 		t: t, o: o, rng: rng, events: map[string]*modelEvent{},
 		metrics: NewMetrics(prometheus.NewRegistry(), ""), log: slog.New(slog.DiscardHandler),
-		marked: map[string]bool{}, parked: map[string]bool{}, resume: &Resume{},
+		marked: map[string]bool{}, parked: map[string]bool{}, resume: &Carryover{},
 	}
 	keys := make([]string, 1+rng.IntN(6))
 	for i := range keys {
@@ -208,7 +208,7 @@ func (m *model) checkProblems() {
 type session struct {
 	m       *model
 	start   pglogrepl.LSN
-	w       *slot.Watermark
+	w       *progress.Watermark
 	in      chan wal.Event
 	drained <-chan struct{}
 	conn    *fakeConn
@@ -243,7 +243,7 @@ type session struct {
 
 func (m *model) newSession() *session {
 	s := &session{
-		m: m, start: m.slot, w: slot.NewWatermark(m.slot), in: make(chan wal.Event, m.o.inBuffer),
+		m: m, start: m.slot, w: progress.NewWatermark(m.slot), in: make(chan wal.Event, m.o.inBuffer),
 		budget: semaphore.NewWeighted(m.o.maxBytes),
 		done:   make(chan error, 1), sent: m.slot, lastP: m.slot,
 		seqID: map[uint64]string{}, acked: map[uint64]bool{}, parked: map[string]bool{}, resumed: map[string]bool{},
@@ -256,12 +256,12 @@ func (m *model) newSession() *session {
 	}
 	conn, link := m.b.connect(m.o.maxInFlight)
 	s.conn = conn
-	p := NewPublisher(link, s.in, modelAcker{s}, s.budget, PublisherConfig{
+	p := newPublisher(link, s.in, modelAcker{s}, s.budget, PublisherConfig{
 		Exchange:    m.b.exchange,
 		MaxInFlight: m.o.maxInFlight, MaxInFlightBytes: m.o.maxBytes,
 		ConfirmTimeout:  time.Hour, // never fires: the model has no clock
 		MaxMessageBytes: 1 << 20, Poison: Park, DeadLetterExchange: m.b.dlx,
-		Log: m.log, Metrics: m.metrics, Resume: m.resume,
+		Log: m.log, Metrics: m.metrics, Carryover: m.resume,
 	})
 	m.resume.Begin(time.Now())
 	s.p = p
@@ -276,7 +276,7 @@ func (m *model) newSession() *session {
 	return s
 }
 
-// modelAcker is what the relay wires as the Acker (janitor.Session): the
+// modelAcker is what the relay wires as the Acker (janitor.Marks): the
 // watermark, without the janitor's marking. It also checks that the publisher
 // only reports what the broker confirmed.
 type modelAcker struct{ s *session }
@@ -349,7 +349,7 @@ func (a modelAcker) settle(what string, ev Ref, wrong func(*modelEvent) string, 
 	s.acked[ev.Seq] = true
 	record()
 	b.mu.Unlock()
-	s.w.AckAt(ev.Seq, ev.At, ev.ID)
+	s.w.MarkDone(ev.Seq, ev.At, ev.ID)
 }
 
 // read plays one turn of wal.Reader.Run: offer the pending event to In

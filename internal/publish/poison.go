@@ -91,27 +91,28 @@ func deadLetter(ev *wal.Event, reason string, maxMessageBytes int64) amqp.Publis
 	}
 }
 
-// poison applies the policy to an event that can never be published. Only
-// the event's own content leads here: transport failures never do, so they
-// never count as attempts. A parked event with a dead-letter copy is handed
-// to the Acker once the copy's fate is known (settleCopy), at once without
+// poison applies the poison policy (decide, causeContent) to an event that
+// can never be published. Only the event's own content leads here:
+// transport failures never do, so they never count as attempts. A parked event with a dead-letter copy is handed
+// to the Acker once the copy's fate is known (handleCopyConfirm), at once without
 // one: the row is recorded whatever the broker does with the copy, which is
 // only counted (invariant 3, docs/architecture.md), but a copy lost with its channel (a later
 // message closed it) or a crash ends the session before the park, so the
 // next session sends the copy again.
-func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (inflight, error) {
+func (p *Publisher) poison(ctx context.Context, l sinkLane, ev *wal.Event, f inflight, reason string) (inflight, error) {
 	p.Metrics.poison.Inc()
-	if p.Poison == Stop {
-		return f, fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, logID(ev.ID), reason)
+	act := p.fate(causeContent)
+	if act == actStop {
+		return f, poisonStop(ev.ID, reason)
 	}
 	p.Log.Error("parking poison event: left unpublished with last_error set", "event", logID(ev.ID), "reason", reason,
 		"dead_letter_exchange", p.DeadLetterExchange)
-	defer p.Resume.unstall(f.at, p.Metrics)
-	if p.DeadLetterExchange == "" {
+	defer p.Carryover.unstall(f.at, p.Metrics)
+	if act != actParkCopy {
 		p.acks.Parked(f.ref(), reason)
 		return f, nil
 	}
-	if p.Resume.copyRefused(f.at) {
+	if p.Carryover.copyRefused(f.at) {
 		p.Log.Warn("poison event not dead-lettered: the broker refused its copy in an earlier session", "event", logID(ev.ID))
 		p.acks.Parked(f.ref(), reason)
 		return f, nil
@@ -129,9 +130,14 @@ func (p *Publisher) poison(ctx context.Context, l *lane, ev *wal.Event, f inflig
 	return f, nil
 }
 
+// poisonStop is the error that stops the relay on a poison event (actStop).
+func poisonStop(id, reason string) error {
+	return fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, logID(id), reason)
+}
+
 // sendCopy publishes ev's dead-letter copy; dc is nil when none can be
 // sent.
-func (p *Publisher) sendCopy(ctx context.Context, l *lane, ev *wal.Event, f inflight, reason string) (dc confirmation, key string, err error) {
+func (p *Publisher) sendCopy(ctx context.Context, l sinkLane, ev *wal.Event, f inflight, reason string) (dc confirmation, key string, err error) {
 	key = ev.RoutingKey
 	if len(key) > maxShortString {
 		key = ""
@@ -145,7 +151,7 @@ func (p *Publisher) sendCopy(ctx context.Context, l *lane, ev *wal.Event, f infl
 	}
 	f.copyOf, f.exchange, f.key, f.rowExchange = true, p.DeadLetterExchange, key, false
 	p.alone.set(l, f)
-	dc, err = l.ch.PublishWithDeferredConfirmWithContext(ctx, p.DeadLetterExchange, key, true, false, msg)
+	dc, err = l.publish(ctx, p.DeadLetterExchange, key, msg)
 	if err != nil {
 		return nil, key, fmt.Errorf("dead-letter event %s: %w", logID(ev.ID), err)
 	}
@@ -155,7 +161,7 @@ func (p *Publisher) sendCopy(ctx context.Context, l *lane, ev *wal.Event, f infl
 // copyLimit is the largest body a dead-letter copy may carry: the relay's
 // limit, or the broker's when it is known to be lower.
 func (p *Publisher) copyLimit() int64 {
-	if limit := p.Resume.BrokerLimit(); limit > 0 && limit < p.MaxMessageBytes {
+	if limit := p.Carryover.BrokerLimit(); limit > 0 && limit < p.MaxMessageBytes {
 		return limit
 	}
 	return p.MaxMessageBytes

@@ -29,7 +29,7 @@ var (
 // Acker learns the fate of each event: acknowledged by the broker, parked
 // as poison (recorded before any dead-letter copy, whose fate never holds
 // the event back), or resumed: acknowledged and marked in an earlier session
-// (Resume), so not published again. Its calls may wait (the janitor's
+// (Carryover), so not published again. Its calls may wait (the janitor's
 // session, for room among its unwritten marks); Ending, called from any
 // goroutine and more than once, says the run is over: from then on a call
 // waits no longer than a bound of the Acker's own (invariant 5,
@@ -42,7 +42,7 @@ type Acker interface {
 }
 
 // Ref names an event to its Acker: its sequence number in the session, its
-// id, its place in the stream (for the next session's Resume) and its
+// id, its place in the stream (for the next session's Carryover) and its
 // transaction's id (for the janitor: a row not yet visible is not gone).
 type Ref struct {
 	Seq uint64
@@ -75,10 +75,10 @@ type PublisherConfig struct {
 	// library refused to encode or the broker refused for their content,
 	// and makes the publisher park them.
 	Refused *Refusals
-	// Resume, if set, carries what earlier sessions learned: events done
+	// Carryover, if set, carries what earlier sessions learned: events done
 	// before (skipped), where to publish one at a time, the broker's
 	// message size limit, the row the stream is stalled on.
-	Resume *Resume
+	Carryover *Carryover
 	// OnBlocked, if set, hears when the broker starts and stops blocking
 	// publishers (connection.blocked), with the broker's reason.
 	OnBlocked func(active bool, reason string)
@@ -87,17 +87,22 @@ type PublisherConfig struct {
 }
 
 // Publisher publishes events from its input on the Link's confirm-mode
-// channels, keeps at most MaxInFlight messages and MaxInFlightBytes bytes
-// unconfirmed, and reports each confirm to its Acker. With one channel (the
-// default) every event goes out in commit order; with several, an event's
-// channel is chosen by a hash of its routing key, so events with the same
-// routing key keep their commit order and others may interleave. A nack, a
-// return, a confirm timeout or a closed connection ends Run with an error;
-// nothing after the failure is acked, so the slot cannot move past it.
+// channels, keeps at most MaxInFlightBytes bytes unconfirmed and, on each
+// channel (lane), at most max(MaxInFlight/channels, 1) messages: so at
+// most MaxInFlight in all when there are no more channels than that, but
+// one per channel, more than MaxInFlight, when MaxInFlight is below the
+// number of channels (CDCRELAY_PUBLISH_CHANNELS). It reports each confirm
+// to its Acker. With one channel (the default) every event goes out in
+// commit order; with several, an event's channel is chosen by a hash of
+// its routing key, so events with the same routing key keep their commit
+// order and others may interleave. A nack, a return (unless its row is
+// parked: decide), a confirm timeout or a closed connection ends Run with
+// an error; nothing after the failure is acked, so the slot cannot move
+// past it.
 // One Publisher serves one session: Run is called once.
 type Publisher struct {
 	PublisherConfig
-	link *Link
+	sink sink
 	in   <-chan wal.Event
 	acks Acker
 	// budget is the session's byte budget (MaxInFlightBytes), shared with
@@ -145,21 +150,23 @@ type Budget interface {
 	Release(n int64)
 }
 
-// NewPublisher returns the publisher of one session: it publishes the
-// events of in on link and reports their fate to acks, releasing each
-// event's weight, which the feeder of in acquired, into budget.
-func NewPublisher(link *Link, in <-chan wal.Event, acks Acker, budget Budget, cfg PublisherConfig) *Publisher {
+// newPublisher returns the publisher of one session on any sink (sink.go):
+// it publishes the events of in and reports their fate to acks, releasing
+// each event's weight, which the feeder of in acquired, into budget.
+func newPublisher(s sink, in <-chan wal.Event, acks Acker, budget Budget, cfg PublisherConfig) *Publisher {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(prometheus.NewRegistry(), "")
 	}
-	return &Publisher{PublisherConfig: cfg, link: link, in: in, acks: acks, budget: budget, drained: make(chan struct{})}
+	return &Publisher{PublisherConfig: cfg, sink: s, in: in, acks: acks, budget: budget, drained: make(chan struct{})}
 }
 
 // Drained is closed once the input is closed and every published message
-// is confirmed: the reader then sends its final status update. It is never
+// is confirmed and handed to the Acker. The reader's final status update
+// waits for more: for the rows of those acks to be marked too (the
+// janitor session's Settled, which waits for Drained first). It is never
 // closed when Run fails.
 func (p *Publisher) Drained() <-chan struct{} { return p.drained }
 
@@ -183,7 +190,7 @@ type inflight struct {
 	// copyOf is set on a parked event's dead-letter copy: the copy's fate
 	// is only counted.
 	copyOf bool
-	// parkReason, on a copy, is why its row is parked: settleCopy parks
+	// parkReason, on a copy, is why its row is parked: handleCopyConfirm parks
 	// the row once the copy's fate is known ("": parked already).
 	parkReason string
 	resumed    bool // done in an earlier session: not published
@@ -193,13 +200,13 @@ type inflight struct {
 	// until the confirm is handled anyway.
 	ev *wal.Event
 	// alone, when set, is closed once this message's confirm is handled:
-	// the lane publishes nothing else until then (Resume, careful mode).
+	// the lane publishes nothing else until then (Carryover, careful mode).
 	alone chan struct{}
 }
 
 // Run publishes until the input is closed and drained, ctx ends or a failure.
 func (p *Publisher) Run(ctx context.Context) error {
-	lanes := p.link.lanes
+	lanes := p.sink.lanes()
 	// Each lane's FIFO holds its published, unconfirmed messages in publish
 	// order. A lane takes one of its window's slots before each publish and
 	// gives it back once the confirm is handled, so a lane never has more
@@ -216,7 +223,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	defer p.unblock()
 
 	g, gctx := errgroup.WithContext(ctx)
-	defer p.link.abortIfStuck(gctx)()
+	defer abortIfStuck(gctx, p.sink.Abort)()
 	inputs := p.spread(gctx, g, len(lanes))
 	// Each confirm loop that ends cleanly (its input closed and every
 	// message confirmed) reports here; a failing one cancels gctx instead.
@@ -304,7 +311,7 @@ func LaneOf(routingKey string, n int) int {
 	return int(h % uint32(n))
 }
 
-func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Event, fifo chan<- inflight, slots *semaphore.Weighted) error {
+func (p *Publisher) publishLoop(ctx context.Context, l sinkLane, in <-chan wal.Event, fifo chan<- inflight, slots *semaphore.Weighted) error {
 	defer close(fifo)
 	for {
 		var ev wal.Event
@@ -323,11 +330,11 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 		if err := slots.Acquire(ctx, 1); err != nil {
 			return err
 		}
-		v := p.Resume.judge(&ev)
+		v := p.Carryover.judge(&ev)
 		// Above the broker's learned limit: sent alone, so that a refusal
 		// names it and a broker that now accepts it (the limit was raised)
 		// says so; never parked on the belief alone.
-		above := (v == publishFast || v == publishAlone) && p.Resume.aboveLimit(int64(len(ev.Payload)))
+		above := (v == publishFast || v == publishAlone) && p.Carryover.aboveLimit(int64(len(ev.Payload)))
 		// The first message to a row's exchange not seen to exist, and one
 		// above the learned limit, go alone once the lane is drained
 		// (drainFor, confirm.go).
@@ -357,7 +364,8 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 			if f, err = p.publish(ctx, l, &ev, alone); err != nil {
 				return err
 			}
-			if p.Unroutable == ParkUnroutable && p.DeadLetterExchange != "" && f.dc != nil && !f.copyOf {
+			// Kept only if a return would park it with a copy (parkLate).
+			if f.dc != nil && !f.copyOf && p.fate(causeUnroutable) == actParkCopy {
 				f.ev = &ev
 			}
 		}
@@ -377,7 +385,7 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 				return ctx.Err()
 			}
 			// Closed only once its confirm was handled without a failure.
-			if above && f.dc != nil && p.Resume.accepted(int64(len(ev.Payload)), p.Metrics) {
+			if above && f.dc != nil && p.Carryover.accepted(int64(len(ev.Payload)), p.Metrics) {
 				p.Log.Info("the broker accepted a message above the max_message_size it refused before; forgetting that limit",
 					"event", logID(ev.ID), "bytes", len(ev.Payload))
 			}
@@ -390,9 +398,9 @@ func (p *Publisher) publishLoop(ctx context.Context, l *lane, in <-chan wal.Even
 
 // publish sends one event, or handles it by the poison policy when it can
 // never become a valid message.
-// alone, when not nil, makes it the lane's only message in flight (Resume's
+// alone, when not nil, makes it the lane's only message in flight (Carryover's
 // careful mode): it is closed once the confirm is handled.
-func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event, alone chan struct{}) (inflight, error) {
+func (p *Publisher) publish(ctx context.Context, l sinkLane, ev *wal.Event, alone chan struct{}) (inflight, error) {
 	f := inflight{seq: ev.Seq, id: ev.ID, at: ev.Place(), xid: ev.Xid, sent: time.Now(), commit: ev.CommitTime,
 		exchange: p.Exchange, key: ev.RoutingKey, alone: alone, backfill: ev.Backfill}
 	if ev.Backfill { // not a commit time: kept out of commit-to-ack
@@ -408,7 +416,7 @@ func (p *Publisher) publish(ctx context.Context, l *lane, ev *wal.Event, alone c
 	// mandatory: an unroutable message comes back as basic.return, which is
 	// a failure, never a silent drop.
 	p.alone.set(l, f) // before the send: the broker may close the channel at once
-	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, f.exchange, ev.RoutingKey, true, false, msg)
+	dc, err := l.publish(ctx, f.exchange, ev.RoutingKey, msg)
 	if err != nil {
 		if e := l.closeReason(); e != nil { // the broker closed the channel: say why
 			return f, fmt.Errorf("publish event %s: %w", logID(ev.ID), closedError("channel", e, true))
@@ -437,7 +445,7 @@ func (p *Publisher) noteLast(at wal.Place) {
 
 // Last is the place of the newest streamed event this publisher published;
 // ok is false when it published none. After a failed Run, the next session
-// publishes up to there one at a time (Resume.Failed).
+// publishes up to there one at a time (Carryover.Failed).
 func (p *Publisher) Last() (at wal.Place, ok bool) {
 	p.lastMu.Lock()
 	defer p.lastMu.Unlock()
@@ -466,7 +474,8 @@ func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, stri
 // library refusing to encode this event: the row's own content, which
 // must not become a restart loop; it is remembered so that the next session
 // parks it (the session still ends, since the library shuts the connection
-// down after a frame error and may have sent part of the message).
+// down after a frame error and may have sent part of the message): the
+// fate table's causeTransport and causeEncode (decide).
 func (p *Publisher) publishError(ev *wal.Event, err error) error {
 	if transport(err) {
 		return fmt.Errorf("publish event %s: %w", logID(ev.ID), err)
@@ -480,8 +489,8 @@ func (p *Publisher) publishError(ev *wal.Event, err error) error {
 
 // frameMax is the frame size negotiated with the broker, 0 if unknown.
 func (p *Publisher) frameMax() int {
-	if p.link == nil || p.link.Conn == nil {
+	if p.sink == nil {
 		return 0
 	}
-	return p.link.Conn.Config.FrameSize
+	return p.sink.frameMax()
 }

@@ -17,13 +17,13 @@ import (
 // message's content or for a missing exchange. Which message the broker
 // refused decides whether the row is at fault (poison, or the unroutable
 // policy) or the broker is (retry): a return names its message; a closed
-// channel does only while one message is in flight (Resume's careful mode).
+// channel does only while one message is in flight (Carryover's careful mode).
 
 // returnKey is a returned message: its lane, its event's place (from the
 // identity headers every message carries), and whether it was a
 // dead-letter copy.
 type returnKey struct {
-	l    *lane
+	l    sinkLane
 	at   wal.Place
 	copy bool
 }
@@ -39,7 +39,7 @@ type returnBook struct {
 
 // note files a return read from l's returns channel. A closed channel is
 // the lane closing: a transport failure, never a return (invariant 3, docs/architecture.md).
-func (p *Publisher) noteReturn(l *lane, r amqp.Return, ok bool) error {
+func (p *Publisher) noteReturn(l sinkLane, r amqp.Return, ok bool) error {
 	if !ok {
 		return laneClosed(l)
 	}
@@ -59,10 +59,10 @@ func (p *Publisher) noteReturn(l *lane, r amqp.Return, ok bool) error {
 }
 
 // drainReturns files every return already waiting on l.
-func (p *Publisher) drainReturns(l *lane) {
+func (p *Publisher) drainReturns(l sinkLane) {
 	for {
 		select {
-		case r, ok := <-l.returns:
+		case r, ok := <-l.returns():
 			if !ok {
 				return // the lane closed: its confirms say so
 			}
@@ -76,7 +76,7 @@ func (p *Publisher) drainReturns(l *lane) {
 }
 
 // takeReturn removes and returns f's return, if the broker returned it.
-func (p *Publisher) takeReturn(l *lane, f inflight) (amqp.Return, bool) {
+func (p *Publisher) takeReturn(l sinkLane, f inflight) (amqp.Return, bool) {
 	p.returns.mu.Lock()
 	defer p.returns.mu.Unlock()
 	key := returnKey{l: l, at: f.at, copy: f.copyOf}
@@ -89,7 +89,7 @@ func (p *Publisher) takeReturn(l *lane, f inflight) (amqp.Return, bool) {
 
 // returnKeyOf places a returned message by the identity headers the relay
 // puts on every message and dead-letter copy.
-func returnKeyOf(l *lane, r amqp.Return) (returnKey, bool) {
+func returnKeyOf(l sinkLane, r amqp.Return) (returnKey, bool) {
 	text, ok := r.Headers[HeaderCommitLSN].(string)
 	if !ok {
 		return returnKey{}, false
@@ -110,13 +110,13 @@ func returnKeyOf(l *lane, r amqp.Return) (returnKey, bool) {
 // CDCRELAY_UNROUTABLE=park it is poison; with stall the session ends on it,
 // after every event before it was acked, and the row is named wherever an
 // operator looks (log, /readyz through the error, cdcrelay_stalled_event_info).
-func (p *Publisher) unroutable(ctx context.Context, l *lane, f inflight, r amqp.Return) error {
-	if p.Unroutable == ParkUnroutable {
+func (p *Publisher) unroutable(ctx context.Context, l sinkLane, f inflight, r amqp.Return) error {
+	if act := p.fate(causeUnroutable); act != actStall {
 		reason := fmt.Sprintf("unroutable: the broker returned it from exchange %q with routing key %q (%d %s)",
 			r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
-		return p.parkLate(ctx, l, f, reason)
+		return p.parkLate(ctx, l, f, reason, act)
 	}
-	p.Resume.stall(Stall{ID: f.id, Exchange: r.Exchange, RoutingKey: r.RoutingKey, Cause: CauseNoRoute, At: f.at}, p.Metrics)
+	p.Carryover.stall(Stall{ID: f.id, Exchange: r.Exchange, RoutingKey: r.RoutingKey, Cause: CauseNoRoute, At: f.at}, p.Metrics)
 	return fmt.Errorf("%w: event %s to exchange %q with routing key %q: %d %s (bind a queue for this key, or set CDCRELAY_UNROUTABLE=park to park such rows)",
 		ErrReturned, logID(f.id), r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
 }
@@ -127,16 +127,17 @@ func (p *Publisher) unroutable(ctx context.Context, l *lane, f inflight, r amqp.
 // the row is parked only once the copy's fate is known: a copy lost with
 // its channel (a later message closed it) ends the session before the
 // park, so the next session handles the event, and sends its copy, again.
-// A copy the broker returns or nacks is only counted.
-func (p *Publisher) parkLate(ctx context.Context, l *lane, f inflight, reason string) error {
+// A copy the broker returns or nacks is only counted. act is the event's
+// fate (decide): actStop, actPark or actParkCopy.
+func (p *Publisher) parkLate(ctx context.Context, l sinkLane, f inflight, reason string, act action) error {
 	p.Metrics.poison.Inc()
-	if p.Poison == Stop {
-		return fmt.Errorf("%w: event %s: %s (set CDCRELAY_POISON=park to park it and go on)", ErrPoison, logID(f.id), reason)
+	if act == actStop {
+		return poisonStop(f.id, reason)
 	}
 	p.Log.Error("parking poison event: left unpublished with last_error set", "event", logID(f.id), "reason", reason,
 		"dead_letter_exchange", p.DeadLetterExchange)
-	defer p.Resume.unstall(f.at, p.Metrics)
-	if p.DeadLetterExchange == "" || f.ev == nil || p.Resume.copyRefused(f.at) {
+	defer p.Carryover.unstall(f.at, p.Metrics)
+	if act != actParkCopy || f.ev == nil || p.Carryover.copyRefused(f.at) {
 		p.acks.Parked(f.ref(), reason)
 		return nil
 	}
@@ -156,8 +157,9 @@ func (p *Publisher) parkLate(ctx context.Context, l *lane, f inflight, reason st
 }
 
 // closedWhile is the error of a lane whose channel closed while f was in
-// flight; blame says whose fault it was, if f was alone.
-func (p *Publisher) closedWhile(l *lane, f inflight) error {
+// flight; blame says whose fault it was, if f was alone (else causeClosed:
+// actRetry, decide).
+func (p *Publisher) closedWhile(l sinkLane, f inflight) error {
 	err := fmt.Errorf("%w while event %s was in flight", laneClosed(l), logID(f.id))
 	if e := l.closeReason(); e != nil && f.alone != nil {
 		p.blame(l, e)
@@ -170,7 +172,7 @@ func (p *Publisher) closedWhile(l *lane, f inflight) error {
 // channel (the lane's confirm loop, or the publisher's watch) can blame it.
 type aloneBook struct {
 	mu sync.Mutex
-	m  map[*lane]*aloneEntry
+	m  map[sinkLane]*aloneEntry
 }
 
 type aloneEntry struct {
@@ -179,27 +181,27 @@ type aloneEntry struct {
 }
 
 // set records f as l's message in flight alone, if it is one.
-func (b *aloneBook) set(l *lane, f inflight) {
+func (b *aloneBook) set(l sinkLane, f inflight) {
 	if f.alone == nil {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.m == nil {
-		b.m = make(map[*lane]*aloneEntry)
+		b.m = make(map[sinkLane]*aloneEntry)
 	}
 	b.m[l] = &aloneEntry{f: f}
 }
 
 // clear forgets l's message in flight alone: its confirm was handled.
-func (b *aloneBook) clear(l *lane) {
+func (b *aloneBook) clear(l sinkLane) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.m, l)
 }
 
 // take returns l's message in flight alone, once.
-func (b *aloneBook) take(l *lane) (inflight, bool) {
+func (b *aloneBook) take(l sinkLane) (inflight, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.m[l]
@@ -211,52 +213,80 @@ func (b *aloneBook) take(l *lane) (inflight, bool) {
 }
 
 // blame handles the broker closing l's channel with reason e while one
-// message was in flight alone: the reason is about that message. A 406
-// PRECONDITION_FAILED is its own content (a header the broker rejects, a
+// message was in flight alone: the reason (classified by the sink:
+// closure) is about that message. A refusal (AMQP's 406
+// PRECONDITION_FAILED) is its own content (a header the broker rejects, a
 // body above its max_message_size): it is remembered as refused and the
-// next session parks it (poison). A 404 for an exchange named by its row
-// is its routing (CDCRELAY_UNROUTABLE). A dead-letter copy refused so is
+// next session parks it (poison). A missing exchange (AMQP's 404) named
+// by its row is its routing (CDCRELAY_UNROUTABLE). A dead-letter copy refused so is
 // not sent again. With several in flight the culprit is unknown: the next
-// session publishes them one at a time and finds it (Resume).
-func (p *Publisher) blame(l *lane, e *amqp.Error) {
-	if e.Code != amqp.PreconditionFailed && e.Code != amqp.NotFound {
+// session publishes them one at a time and finds it (Carryover). The fate is
+// decide's (blamed names the cause).
+func (p *Publisher) blame(l sinkLane, e *closure) {
+	if e.kind == closeOther {
 		return // the broker's own trouble (an internal error, a node going down): a transport failure
 	}
 	// The broker's limit is a fact whichever message hit it.
-	if limit, ok := BrokerMaxMessageSize(e.Reason); ok && e.Code == amqp.PreconditionFailed {
-		p.Resume.learnLimit(limit, p.Metrics)
+	if e.limit > 0 {
+		p.Carryover.learnLimit(e.limit, p.Metrics)
 	}
 	f, ok := p.alone.take(l)
 	if !ok {
 		return
 	}
-	switch {
-	case f.copyOf:
-		p.Resume.refuseCopy(f.at)
-		p.Metrics.deadLetter.WithLabelValues("refused").Inc()
-		p.Log.Error("the broker refused a parked event's dead-letter copy; the row stays parked, and its copy is not sent again",
-			"event", logID(f.id), "dead_letter_exchange", f.exchange, "reason", clipText(e.Reason))
-	case e.Code == amqp.PreconditionFailed:
-		reason := "the broker refused it: " + clipText(e.Reason)
-		p.Refused.addAt(f.id, f.at, f.backfill, reason)
-		p.Log.Error("the broker refused an event for its content; the session ends and the next one handles it as poison (CDCRELAY_POISON)",
-			"event", logID(f.id), "reason", reason)
-	case e.Code == amqp.NotFound && f.rowExchange && p.Unroutable == ParkUnroutable:
-		p.Refused.addAt(f.id, f.at, f.backfill, fmt.Sprintf("unroutable: the row's exchange %q does not exist", f.exchange))
-		p.Log.Error("an event names an exchange that does not exist; the next session parks it (CDCRELAY_UNROUTABLE=park)",
-			"event", logID(f.id), "exchange", f.exchange)
-	case e.Code == amqp.NotFound && f.rowExchange:
-		p.Resume.stall(Stall{ID: f.id, Exchange: f.exchange, RoutingKey: f.key, Cause: CauseNoExchange, At: f.at}, p.Metrics)
+	c := blamed(e, f)
+	switch p.fate(c) {
+	case actRemember:
+		p.remember(f, c, e)
+	case actStall:
+		p.Carryover.stall(Stall{ID: f.id, Exchange: f.exchange, RoutingKey: f.key, Cause: CauseNoExchange, At: f.at}, p.Metrics)
 		p.Log.Error("stalled: an event names an exchange that does not exist (CDCRELAY_UNROUTABLE=stall)",
 			"event", logID(f.id), "exchange", f.exchange, "routing_key", f.key,
 			"remedy", "declare the exchange, or set CDCRELAY_UNROUTABLE=park to park such rows")
+	default: // actRetry: the session ends as any closed channel does
+	}
+}
+
+// blamed classifies the broker closing the channel with e (a refusal or
+// a missing exchange) while f was alone in flight.
+func blamed(e *closure, f inflight) cause {
+	switch {
+	case f.copyOf:
+		return causeCopyRefused
+	case e.kind == closeRefused:
+		return causeBrokerRefused
+	case e.kind == closeNoExchange && f.rowExchange:
+		return causeNoExchange
+	}
+	return causeClosed // the configured exchange is missing: the operator's to fix
+}
+
+// remember records that the broker refused f alone (actRemember), so that
+// the next session parks its row, or parks it without its copy, instead of
+// sending it again.
+func (p *Publisher) remember(f inflight, c cause, e *closure) {
+	switch c {
+	case causeCopyRefused:
+		p.Carryover.refuseCopy(f.at)
+		p.Metrics.deadLetter.WithLabelValues("refused").Inc()
+		p.Log.Error("the broker refused a parked event's dead-letter copy; the row stays parked, and its copy is not sent again",
+			"event", logID(f.id), "dead_letter_exchange", f.exchange, "reason", clipText(e.reason))
+	case causeNoExchange:
+		p.Refused.addAt(f.id, f.at, f.backfill, fmt.Sprintf("unroutable: the row's exchange %q does not exist", f.exchange))
+		p.Log.Error("an event names an exchange that does not exist; the next session parks it (CDCRELAY_UNROUTABLE=park)",
+			"event", logID(f.id), "exchange", f.exchange)
+	default:
+		reason := "the broker refused it: " + clipText(e.reason)
+		p.Refused.addAt(f.id, f.at, f.backfill, reason)
+		p.Log.Error("the broker refused an event for its content; the session ends and the next one handles it as poison (CDCRELAY_POISON)",
+			"event", logID(f.id), "reason", reason)
 	}
 }
 
 // Refusal reports whether err ended a session because the broker refused
 // a message (a nack, a return, a channel it closed), not because of the
 // transport: the next session then publishes those messages one at a time
-// (Resume.Failed).
+// (Carryover.Failed).
 func Refusal(err error) bool {
 	if errors.Is(err, ErrNacked) || errors.Is(err, ErrReturned) {
 		return true

@@ -308,7 +308,7 @@ func TestClosedErrorSaysWhy(t *testing.T) {
 			[]string{"closed by the broker: 501 FRAME_ERROR"}, []string{"declare it"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := closedError("channel", tc.e, tc.ok)
+			err := closedError("channel", classifyClose(tc.e), tc.ok)
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("%q lacks %q", err, w)
@@ -337,11 +337,11 @@ func TestLaneCloseReason(t *testing.T) {
 	want := &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND"}
 	l.reason <- want
 	close(l.reason)
-	if e := l.closeReason(); e != want {
-		t.Fatalf("closed lane: %v", e)
+	if e := l.closeReason(); e == nil || !errors.Is(e.err, want) || e.kind != closeNoExchange {
+		t.Fatalf("closed lane: %+v", e)
 	}
-	if e := l.closeReason(); e != want {
-		t.Fatalf("asked again: %v", e)
+	if e := l.closeReason(); e == nil || !errors.Is(e.err, want) {
+		t.Fatalf("asked again: %+v", e)
 	}
 	if err := laneClosed(l); !strings.Contains(err.Error(), "404") {
 		t.Fatalf("laneClosed = %v", err)

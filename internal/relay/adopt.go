@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"golang.org/x/sync/errgroup"
 
+	"github.com/cdcrelay/cdcrelay/internal/progress"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -21,7 +21,9 @@ import (
 // server that holds the slot (the same connection without
 // CDCRELAY_REPLICATION_URL): the marker, the slot and the snapshot's
 // backlog are on sdb, the marks go to the primary through the janitor.
-func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgConn, link *publish.Link, locked bool) (pglogrepl.LSN, error) {
+// ctx is the session's work; soft ending stops the backlog gracefully
+// (backlog).
+func (r *Relay) adopt(ctx, soft context.Context, db, sdb *pgx.Conn, repl *pgconn.PgConn, link *publish.Link, locked bool) (pglogrepl.LSN, error) {
 	if !locked {
 		if err := slot.BeginAdoption(ctx, sdb, r.cfg.Slot); err != nil {
 			return 0, err
@@ -36,9 +38,9 @@ func (r *Relay) adopt(ctx context.Context, db, sdb *pgx.Conn, repl *pgconn.PgCon
 	// applies. The careful window after a refusal is kept (it is about the
 	// broker): a backlog row the broker refused is then published alone
 	// next time, and the refusal names it.
-	r.resume.Forget()
+	r.carryover.Forget()
 	r.log.Info("created replication slot; publishing the rows committed before it", "consistent_point", created.ConsistentPoint)
-	return created.ConsistentPoint, r.backlog(ctx, sdb, link, created)
+	return created.ConsistentPoint, r.backlog(ctx, soft, sdb, link, created)
 }
 
 // unfinishedAdoption is an adoption this process began and did not finish:
@@ -70,63 +72,65 @@ func (u unfinishedAdoption) resumable(slotName string, info slot.Info) bool {
 // attempts', so that no pair names two events. Re-creating the slot
 // instead would wait for every running transaction at each retry, and a
 // row the broker refuses would make every retry do it.
-func (r *Relay) resumeAdoption(ctx context.Context, sdb *pgx.Conn, link *publish.Link, at pglogrepl.LSN) error {
+func (r *Relay) resumeAdoption(ctx, soft context.Context, sdb *pgx.Conn, link *publish.Link, at pglogrepl.LSN) error {
 	r.log.Info("publishing the rest of the backlog of the slot's unfinished adoption, from a new snapshot", "consistent_point", at)
-	return r.backlog(ctx, sdb, link, slot.Created{ConsistentPoint: at, FirstIndex: r.unfinished.next})
+	return r.backlog(ctx, soft, sdb, link, slot.Created{ConsistentPoint: at, FirstIndex: r.unfinished.next})
 }
 
 // backlog publishes the rows with published_at IS NULL of created's
 // snapshot (a new one when it names none), waits for their marks and ends
-// the adoption.
-func (r *Relay) backlog(ctx context.Context, sdb *pgx.Conn, link *publish.Link, created slot.Created) error {
+// the adoption. ctx ending (the slot lock lost) stops it at once; soft
+// ending (a stop) stops the snapshot's reading and drains what was sent:
+// the broker's confirms arrive and their rows are marked, within
+// CDCRELAY_SHUTDOWN_TIMEOUT (pipeline.go), so a next start publishes none
+// of them again. The adoption is then unfinished, and the next start
+// resumes or redoes it.
+func (r *Relay) backlog(ctx, soft context.Context, sdb *pgx.Conn, link *publish.Link, created slot.Created) error {
 	r.metrics.backfilling.Set(1)
 	defer r.metrics.backfilling.Set(0)
 	began := time.Now()
-	seq := slot.NewWatermark(0)
-	rows := make(chan wal.Event)
-	events := make(chan wal.Event, eventBuffer)
-	var n int
-	// A stop ends the adoption at once, even a publish blocked in a socket
-	// write (invariant 5, docs/architecture.md); it starts again next time.
-	defer context.AfterFunc(ctx, link.Abort)()
-	g, gctx := errgroup.WithContext(ctx)
 	// Each confirm counts at once, so the counter shows the adoption's progress.
 	r.metrics.backfillRows.Set(0)
 	r.metrics.backfillDone.Set(0)
-	marks := r.janitor.Session(gctx, seq, r.metrics.backfilled, r.metrics.backfillDone)
-	budget := r.newBudget()
-	publisher := publish.NewPublisher(link, events, marks, budget, r.publisherConfig())
-	g.Go(func() error {
-		var err error
-		// The exported snapshot is the slot server's: a standby's cannot
-		// be imported on the primary.
-		n, err = slot.Backfill(gctx, sdb, created, r.mapping, seq, rows, func(n int64) { r.metrics.backfillRows.Set(float64(n)) })
-		return err
-	})
-	g.Go(func() error { return r.budgeted(gctx, budget, rows, events) })
-	g.Go(func() error { return publisher.Run(gctx) })
-	err := g.Wait()
+	p := r.newPipeline(soft, ctx, link, progress.NewWatermark(0), r.metrics.backfilled, r.metrics.backfillDone)
+	rows := make(chan wal.Event)
+	var n int
+	err := p.run(
+		func(pctx context.Context) error {
+			feed, cancel := p.feedContext()
+			defer cancel()
+			var err error
+			// The exported snapshot is the slot server's: a standby's cannot
+			// be imported on the primary.
+			n, err = slot.Backfill(feed, sdb, created, r.mapping, p.watermark, rows, func(n int64) { r.metrics.backfillRows.Set(float64(n)) })
+			return p.fed(feed, err)
+		},
+		func(pctx context.Context) error {
+			feed, cancel := p.feedContext()
+			defer cancel()
+			return p.fed(feed, r.budgeted(feed, p.budget, rows, p.events))
+		},
+		// The backlog's rows are behind the slot's consistent point: they
+		// must be marked before the adoption ends (invariant 10,
+		// docs/architecture.md), and before a stop returns.
+		func(pctx context.Context) error {
+			select {
+			case <-p.settled():
+				return nil
+			case <-pctx.Done():
+				return pctx.Err()
+			}
+		},
+	)
 	// Until the adoption ends, a next attempt of this process keeps the
 	// slot and numbers its rows past every index given so far.
 	r.unfinished = unfinishedAdoption{slot: r.cfg.Slot, at: created.ConsistentPoint, next: created.FirstIndex + n, set: true}
-	if err != nil {
-		// What the broker acknowledged is marked before the next attempt
-		// reads its snapshot, which then leaves it out: each attempt makes
-		// progress, and publishes again none of it (as windDown does for
-		// a stream).
-		wctx, cancel := context.WithTimeout(ctx, windDownWait)
-		_ = marks.Wait(wctx)
-		cancel()
-		// The next attempt publishes the backlog one message at a time for
-		// a while if the broker refused one (publish.Resume): a refusal
-		// then names its row, which is parked or named as stalled.
-		r.resume.Failed(wal.Place{}, false, publish.Refusal(err))
-		return fmt.Errorf("publish backlog: %w", err)
-	}
-	// The backlog's rows are behind the slot's consistent point: they must
-	// be marked before the adoption ends (invariant 10, docs/architecture.md).
-	if err := marks.Wait(ctx); err != nil {
-		return err
+	switch {
+	case err != nil:
+		return r.backlogFailed(ctx, p, err)
+	case p.stop.stopped():
+		r.log.Info("stopped the adoption; the next start publishes the rest of the backlog", "read", n)
+		return fmt.Errorf("publish backlog: stopped after reading %d rows: %w", n, context.Cause(soft))
 	}
 	if err := slot.EndAdoption(ctx, sdb, r.cfg.Slot); err != nil {
 		return err
@@ -134,4 +138,19 @@ func (r *Relay) backlog(ctx context.Context, sdb *pgx.Conn, link *publish.Link, 
 	r.unfinished = unfinishedAdoption{}
 	r.log.Info("published the backlog", "events", n, "took", time.Since(began).Round(time.Millisecond))
 	return nil
+}
+
+// backlogFailed ends an adoption the broker or the database failed: what
+// the broker acknowledged is marked before the next attempt reads its
+// snapshot, which then leaves it out, so each attempt makes progress and
+// publishes again none of it (as windDown does for a stream).
+func (r *Relay) backlogFailed(ctx context.Context, p *pipeline, err error) error {
+	wctx, cancel := context.WithTimeout(ctx, windDownWait)
+	_ = p.marks.Wait(wctx)
+	cancel()
+	// The next attempt publishes the backlog one message at a time for a
+	// while if the broker refused one (publish.Carryover): a refusal then
+	// names its row, which is parked or named as stalled.
+	r.carryover.Failed(wal.Place{}, false, publish.Refusal(err))
+	return fmt.Errorf("publish backlog: %w", err)
 }

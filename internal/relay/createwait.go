@@ -68,7 +68,7 @@ const operatorDetailMax = 3 * retryDetailMax
 // errors never quote them.
 func (r *Relay) retryDetail(err error) (Reason, string) {
 	reason, prefix, msg, most := ReasonRetrying, "retrying after: ", err.Error(), retryDetailMax
-	if s, ok := r.resume.Stalled(); ok {
+	if s, ok := r.carryover.Stalled(); ok {
 		// The row first, whatever error ended the session (a channel the
 		// broker closed names no row): it is what an operator acts on.
 		prefix += fmt.Sprintf("stalled on event %s (%s: exchange %q, routing key %q): ", s.ID, s.Cause, s.Exchange, s.RoutingKey)

@@ -7,7 +7,7 @@
 //	commit ─► WAL ─► wal.Reader (decode, byte budget) ─► publish.Publisher
 //	                      ▲                                   │ broker acks
 //	                      │ status update                     ▼
-//	              slot.Watermark ◄── contiguous prefix ◄── janitor.Session (rows marked published_at)
+//	              progress.Watermark ◄── contiguous prefix ◄── janitor.Marks (rows marked published_at)
 //
 // A session takes the slot lock, checks the publication and the slot,
 // publishes a new slot's snapshot backlog if it has to (adoption), then

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
@@ -18,7 +19,7 @@ import (
 // wantFailover decides from CDCRELAY_SLOT_FAILOVER whether the slot should
 // be a failover slot on server s: "auto" where the server can keep one,
 // "on" the same but a server that cannot is a fatal configuration error.
-func wantFailover(setting string, s slot.Server) (bool, error) {
+func wantFailover(setting string, s pgcaps.Caps) (bool, error) {
 	switch setting {
 	case config.SlotFailoverOff:
 		return false, nil
@@ -42,7 +43,7 @@ const inactiveWait = 10 * time.Second
 // rows never published (the adoption marker is a physical slot, which is
 // never synced). A slot still streamed by a previous holder is left as it
 // is for this session; the next one tries again.
-func (r *Relay) applyFailover(ctx context.Context, sdb *pgx.Conn, repl *pgconn.PgConn, server slot.Server, info slot.Info) error {
+func (r *Relay) applyFailover(ctx context.Context, sdb *pgx.Conn, repl *pgconn.PgConn, server pgcaps.Caps, info slot.Info) error {
 	want, err := wantFailover(r.cfg.SlotFailover, server)
 	if err != nil {
 		return err
@@ -105,17 +106,17 @@ func (r *Relay) noteSystem(sys slot.System, info slot.Info) {
 	}
 }
 
-// anchor names to publish.Resume the stream this session reads: the
+// anchor names to publish.Carryover the stream this session reads: the
 // database system and timeline of the replication connection, when the
 // slot's server (and the primary, when the slot is on a standby) last
 // started, and whether the stream skips transactions with an origin.
-// Resume drops every remembered place when the stream is not the one they
+// Carryover drops every remembered place when the stream is not the one they
 // were learned from: a promoted standby's new timeline reuses the LSNs of
 // events it never received, a restart after a crash may have undone marks,
 // and a stream that skipped origins never saw a foreign origin's inserts
 // that a stream decoding them must publish (docs/architecture.md, "What the
 // relay remembers"). Runs after decideOrigins.
-func (r *Relay) anchor(ctx context.Context, db, sdb *pgx.Conn, server slot.Server, sys slot.System) error {
+func (r *Relay) anchor(ctx context.Context, db, sdb *pgx.Conn, server pgcaps.Caps, sys slot.System) error {
 	origins := "any"
 	if r.skipOrigins {
 		origins = "none"
@@ -128,7 +129,7 @@ func (r *Relay) anchor(ctx context.Context, db, sdb *pgx.Conn, server slot.Serve
 		}
 		key += ", primary started " + primary.UTC().Format(time.RFC3339Nano)
 	}
-	if r.resume.Anchor(key) {
+	if r.carryover.Anchor(key) {
 		r.log.Warn("the stream is not the one earlier sessions read (a promotion, a restart, another database system, or origins decoded or skipped): every event the slot replays is published again, none skipped as done",
 			"stream", key)
 	}

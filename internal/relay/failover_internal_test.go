@@ -5,16 +5,17 @@ import (
 	"testing"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
 // TestWantFailover: auto asks for a failover slot where the server can
 // keep one; on makes a server that cannot a fatal error; off never asks.
 func TestWantFailover(t *testing.T) {
-	p17, p16, s17 := slot.Server{Version: 170010}, slot.Server{Version: 160014}, slot.Server{Version: 170010, InRecovery: true}
+	p17, p16, s17 := pgcaps.Caps{Version: 170010}, pgcaps.Caps{Version: 160014}, pgcaps.Caps{Version: 170010, InRecovery: true}
 	for _, c := range []struct {
 		setting string
-		server  slot.Server
+		server  pgcaps.Caps
 		want    bool
 		fatal   bool
 	}{

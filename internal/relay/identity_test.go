@@ -183,7 +183,7 @@ func TestIntegrationOutboxRenamedOrMovedMidStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, testenv.PostgresOptions{}, "#")
 			ctx := context.Background()
-			r := e.startRelay(nil)
+			r := e.startRelay(map[string]string{"STATUS_INTERVAL": statusesFast.String()})
 			r.waitStreaming(t)
 			before, _ := identityInsert(t, e.db, "event_outbox", "id", "routing_key", "", 5)
 			waitAll(t, e.consumer, before, 30*time.Second)
@@ -201,7 +201,7 @@ func TestIntegrationOutboxRenamedOrMovedMidStream(t *testing.T) {
 			// Their rows cannot be marked under the configured name, so the
 			// slot must stay before them (invariant 10, docs/architecture.md): the next session,
 			// under the new name, publishes and marks them again.
-			time.Sleep(time.Second)
+			liveFor(t, r, time.Second) // status updates sent meanwhile, none past those rows
 			if got := testenv.ConfirmedFlush(t, e.db, slotName); got >= committed {
 				t.Fatalf("slot confirmed %s, past the renamed table's rows (committed %s) that were never marked", got, committed)
 			}

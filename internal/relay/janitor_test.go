@@ -56,6 +56,37 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return testenv.Value(metricFamily(t, reg, name).GetMetric()[0])
 }
 
+// waitCounter waits until the relay's metric name reaches at least want,
+// failing after within: the evidence a "nothing happened" check needs
+// that the relay ran through its window, not only that the test's clock
+// moved (on a loaded machine the relay may have run none of it).
+func waitCounter(t *testing.T, reg *prometheus.Registry, name string, want float64, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for gauge(t, reg, name) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s at %v after %s, want at least %v", name, gauge(t, reg, name), within, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// statusesFast is the STATUS_INTERVAL of the tests that count the relay's
+// standby status updates as its clock: an idle relay sends one per
+// interval, so n more updates mean the relay ran at least (n-1) intervals.
+const statusesFast = 100 * time.Millisecond
+
+// liveFor waits until the relay has sent enough standby status updates
+// (STATUS_INTERVAL statusesFast) to have run through d since the call,
+// and d has passed.
+func liveFor(t *testing.T, r *running, d time.Duration) {
+	t.Helper()
+	const name = "cdcrelay_status_updates_total"
+	start := time.Now()
+	waitCounter(t, r.reg, name, gauge(t, r.reg, name)+float64(d/statusesFast)+1, d+time.Minute)
+	time.Sleep(d - time.Since(start)) // an update the server asked for comes early
+}
+
 // counter reads one labelled series of a metric vector.
 func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
@@ -117,7 +148,7 @@ func TestIntegrationJanitorIdleRunsNothing(t *testing.T) {
 	if _, err := e.db.Exec(ctx, `CREATE EXTENSION pg_stat_statements`); err != nil {
 		t.Fatal(err)
 	}
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "20ms"})
+	r := e.startRelay(map[string]string{"MARK_INTERVAL": "20ms", "STATUS_INTERVAL": statusesFast.String()})
 	r.waitStreaming(t)
 	rows, _ := insertTxns(t, e.db, "k", 10)
 	waitAll(t, e.consumer, rows, time.Minute)
@@ -136,7 +167,7 @@ func TestIntegrationJanitorIdleRunsNothing(t *testing.T) {
 	if before == 0 {
 		t.Fatal("pg_stat_statements saw no marking statement: the filter no longer matches the janitor's SQL")
 	}
-	time.Sleep(time.Second) // 50 ticks of the mark interval
+	liveFor(t, r, time.Second) // 50 ticks of the mark interval
 	if after := janitorCalls(); after != before {
 		t.Fatalf("janitor ran %d statements in 1 s with nothing to mark", after-before)
 	}
@@ -147,12 +178,13 @@ func TestIntegrationJanitorIdleRunsNothing(t *testing.T) {
 func TestIntegrationJanitorNeverMarksUnacked(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	proxy := testenv.MustProxy(t, testenv.AMQPAddr())
-	r := e.startRelay(map[string]string{"AMQP_URL": "amqp://guest:guest@" + proxy.Addr() + "/", "AMQP_HEARTBEAT": "30s", "MONITOR_INTERVAL": "100ms"})
+	r := e.startRelay(map[string]string{"AMQP_URL": "amqp://guest:guest@" + proxy.Addr() + "/", "AMQP_HEARTBEAT": "30s", "MONITOR_INTERVAL": "100ms",
+		"STATUS_INTERVAL": statusesFast.String()})
 	r.waitStreaming(t)
 	proxy.HoldDownstream(true)
 	rows, _ := insertTxns(t, e.db, "k", 50)
 	testenv.WaitCount(t, e.consumer, len(rows), 30*time.Second)
-	time.Sleep(1500 * time.Millisecond) // three mark intervals
+	liveFor(t, r, 1500*time.Millisecond) // three mark intervals
 	if n := unmarked(t, e, rows); n != len(rows) {
 		t.Fatalf("%d rows marked published before the broker confirmed them", len(rows)-n)
 	}
@@ -291,7 +323,7 @@ func requireNoRowVisible(t *testing.T, e *env) {
 func TestIntegrationSyncStandbyStalledRowsNeverGone(t *testing.T) {
 	t.Parallel() // long and mostly waiting: see main_test.go
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
+	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms", "STATUS_INTERVAL": statusesFast.String()})
 	r.waitStreaming(t)
 	ctx := context.Background()
 	release := holdCommits(t, e)
@@ -305,7 +337,7 @@ func TestIntegrationSyncStandbyStalledRowsNeverGone(t *testing.T) {
 		}()
 	}
 	testenv.WaitCount(t, e.consumer, n, 30*time.Second) // decoded and published while the commits wait
-	time.Sleep(12 * time.Second)                        // longer than the old janitor's grace
+	liveFor(t, r, 12*time.Second)                       // longer than the old janitor's grace
 	if got := gauge(t, r.reg, "cdcrelay_janitor_rows_gone_total"); got != 0 {
 		t.Fatalf("%v rows counted gone while their commits waited for the standby", got)
 	}
@@ -332,7 +364,7 @@ func TestIntegrationSyncStandbyStalledRowsNeverGone(t *testing.T) {
 // row is visible, not forget it.
 func TestIntegrationJanitorMarksRowsSeenLate(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
+	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms", "STATUS_INTERVAL": statusesFast.String()})
 	r.waitStreaming(t)
 	ctx := context.Background()
 	release := holdCommits(t, e)
@@ -344,7 +376,7 @@ func TestIntegrationJanitorMarksRowsSeenLate(t *testing.T) {
 	}()
 	testenv.WaitCount(t, e.consumer, 1, 30*time.Second) // decoded and published while the commit still waits
 	requireNoRowVisible(t, e)
-	time.Sleep(time.Second) // several marking attempts that cannot see the row
+	liveFor(t, r, time.Second) // several marking attempts that cannot see the row
 	release()
 	if err := <-inserted; err != nil {
 		t.Fatal(err)
@@ -363,7 +395,7 @@ func TestIntegrationJanitorMarksRowsSeenLate(t *testing.T) {
 func TestIntegrationJanitorParksRowsSeenLate(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	poisonTable(t, e)
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
+	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms", "STATUS_INTERVAL": statusesFast.String()})
 	r.waitStreaming(t)
 	ctx := context.Background()
 	release := holdCommits(t, e)
@@ -377,7 +409,7 @@ func TestIntegrationJanitorParksRowsSeenLate(t *testing.T) {
 		return gauge(t, r.reg, "cdcrelay_poison_events_total") >= 1
 	})
 	requireNoRowVisible(t, e)
-	time.Sleep(time.Second) // several attempts to record the park that cannot see the row
+	liveFor(t, r, time.Second) // several attempts to record the park that cannot see the row
 	release()
 	if err := <-inserted; err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -108,13 +109,13 @@ func (r *Relay) dropSlots(ctx context.Context, made madeSlot) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
+	defer pgconnect.Close(ctx, db)
 	sdb, err := r.connectSlotDB(ctx, db)
 	if err != nil {
 		return err
 	}
 	if sdb != db {
-		defer func() { _ = sdb.Close(context.WithoutCancel(ctx)) }()
+		defer pgconnect.Close(ctx, sdb)
 	}
 	info, err := slot.ReadSlot(ctx, sdb, made.name)
 	if err != nil {

@@ -1,9 +1,34 @@
 package relay_test
 
-import "testing"
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
 
-// TestMain removes the relay binary the process tests built, if any.
-func TestMain(m *testing.M) { builds.Main(m) }
+	"github.com/cdcrelay/cdcrelay/internal/testenv/leak"
+)
+
+// TestMain fails the run if a test leaves a goroutine behind (as
+// leak.Main does; docs/testing.md, "Goroutine leaks"), and removes the
+// relay binary the process tests built, if any.
+func TestMain(m *testing.M) {
+	before := leak.Snapshot()
+	code := m.Run()
+	builds.Remove()
+	if code == 0 {
+		if extra := leak.Wait(before, leakGrace); len(extra) > 0 {
+			fmt.Fprintf(os.Stderr, "leak: %d goroutine(s) still running after the tests:\n\n%s\n", len(extra), strings.Join(extra, "\n\n"))
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// leakGrace is how long goroutines get to exit after the last test: a
+// stopped relay's connections and timers need a moment to unwind.
+const leakGrace = 5 * time.Second
 
 // Parallel tests: the tests that run longest and spend most of that
 // waiting (an idle window, SIGKILLs and takeovers, child processes, a

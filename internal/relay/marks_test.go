@@ -127,13 +127,17 @@ func TestIntegrationMarksSurviveSIGKILL(t *testing.T) {
 // position stays before the unmarked rows, and once the grant is back
 // every row is marked by the same relay, without a restart.
 func TestIntegrationMarksBlockedThenRestored(t *testing.T) {
-	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms", "STATUS_INTERVAL": statusesFast.String()})
 	insertMarked(t, e, 5, 10*time.Second)
 
 	marksExec(t, e, marksRevokeSQL)
+	denied := gauge(t, r.reg, "cdcrelay_janitor_errors_total")
 	blocked, _ := insertDelivered(t, e, 10, 10, 10)
 	more, last := insertDelivered(t, e, 20) // delivery goes on
-	time.Sleep(2 * time.Second)             // many status updates and mark attempts
+	// Many status updates and mark attempts, counted: the slot check below
+	// proves nothing unless the relay tried to mark and reported positions.
+	waitCounter(t, r.reg, "cdcrelay_janitor_errors_total", denied+3, 30*time.Second)
+	liveFor(t, r, 2*time.Second)
 	all := slices.Concat(blocked, more)
 	if n := unmarked(t, e, all); n != len(all) {
 		t.Fatalf("%d rows marked without the grant", len(all)-n)
@@ -164,13 +168,17 @@ func TestIntegrationMarksBlockedThenRestored(t *testing.T) {
 func TestIntegrationMarksPoisonWithoutParkGrant(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
 	marksExec(t, e, `REVOKE UPDATE (attempts, last_error) ON event_outbox FROM cdcrelay_app`)
-	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms"})
+	r := e.startRelay(map[string]string{"MARK_INTERVAL": "100ms", "STATUS_INTERVAL": statusesFast.String()})
 	r.waitStreaming(t)
 	marksExec(t, e, `INSERT INTO event_outbox (routing_key, payload) VALUES ('`+strings.Repeat("r", 300)+`', '{"event_type":"TestEvent"}')`)
 	good, last := insertDelivered(t, e, 10, 10)
 	took := waitMarked(t, e, good, 5*time.Second)
 	testenv.WaitConfirmed(t, e.db, marksSlot, last, 10*time.Second)
-	time.Sleep(time.Second) // ten more mark intervals: no more reports
+	// Ten more mark intervals on the relay's clock, and the janitor seen
+	// writing again (another batch marked): no more reports.
+	liveFor(t, r, time.Second)
+	again, _ := insertDelivered(t, e, 10)
+	waitMarked(t, e, again, 5*time.Second)
 	reports := strings.Count(r.logs.String(), "cannot record parked poison events")
 	unrecorded := gauge(t, r.reg, "cdcrelay_janitor_park_unrecorded_total")
 	errs := gauge(t, r.reg, "cdcrelay_janitor_errors_total")
@@ -364,12 +372,15 @@ func TestIntegrationMarksGracefulStop(t *testing.T) {
 // nothing to mark, so it never connects, while the streaming relay marks.
 func TestIntegrationMarksStandbyJanitorIdle(t *testing.T) {
 	e := newEnv(t, testenv.PostgresOptions{}, "#")
-	a := e.startRelay(map[string]string{"MARK_INTERVAL": "20ms"})
+	a := e.startRelay(map[string]string{"MARK_INTERVAL": "20ms", "STATUS_INTERVAL": statusesFast.String()})
 	a.waitStreaming(t)
 	b := e.startRelay(map[string]string{"MARK_INTERVAL": "20ms", "STANDBY_RETRY": "200ms"})
 	b.WaitFor(t, 30*time.Second, "standby", func() bool { return b.relay.Role() == relay.RoleStandby })
 	insertMarked(t, e, 20, 10*time.Second)
-	time.Sleep(time.Second) // 50 mark ticks on the standby
+	// 50 mark ticks on the standby, clocked by the streaming relay's
+	// status updates (same process; a standby exports no counter that
+	// moves while it waits).
+	liveFor(t, a, time.Second)
 	if n := gauge(t, b.reg, "cdcrelay_janitor_connects_total"); n != 0 {
 		t.Fatalf("the standby's janitor made %v connection attempts", n)
 	}

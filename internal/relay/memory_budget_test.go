@@ -45,7 +45,9 @@ func memoryBudgetHeld(t *testing.T, extra map[string]string, n, size int) int64 
 	t.Helper()
 	e := newEnv(t, testenv.PostgresOptions{}, "mem.#")
 	proxy := testenv.MustProxy(t, testenv.AMQPAddr())
-	vars := map[string]string{"AMQP_URL": "amqp://guest:guest@" + proxy.Addr() + "/", "AMQP_HEARTBEAT": "120s", "LOG_LEVEL": "info"}
+	addr := freeAddr(t)
+	vars := map[string]string{"AMQP_URL": "amqp://guest:guest@" + proxy.Addr() + "/", "AMQP_HEARTBEAT": "120s", "LOG_LEVEL": "info",
+		"HTTP_ADDR": addr, "STATUS_INTERVAL": memoryBudgetStatuses.String()}
 	for k, v := range extra {
 		vars[k] = v
 	}
@@ -58,7 +60,7 @@ func memoryBudgetHeld(t *testing.T, extra map[string]string, n, size int) int64 
 	proxy.HoldUpstream(true)
 	ids := memoryBudgetInsert(t, e, n, size)
 	// Give the relay time to decode all it would: the WAL is there to read.
-	time.Sleep(5 * time.Second)
+	memoryBudgetLiveFor(t, addr, 5*time.Second)
 	heldRSS, heldPeak := memoryBudgetRSS(t, pid)
 	if got := e.consumer.Count(); got > 0 {
 		t.Fatalf("%d events delivered while the broker link was held", got)
@@ -74,6 +76,32 @@ func memoryBudgetHeld(t *testing.T, extra map[string]string, n, size int) int64 
 	t.Logf("settings %v: RSS before the rows %d MiB; broker held: RSS %d MiB, peak (VmHWM) %d MiB; after %d rows of %d KiB drained in %s: peak %d MiB",
 		extra, baseline>>10, heldRSS>>10, heldPeak>>10, len(ids), size>>10, drained.Round(100*time.Millisecond), peak>>10)
 	return peak
+}
+
+// memoryBudgetStatuses is the STATUS_INTERVAL of the memory tests. Not
+// statusesFast: the relay presumes a replication connection dead after
+// three intervals of silence, and a walsender decoding rows of 15 MiB on
+// a loaded machine can be silent for longer than 300 ms.
+const memoryBudgetStatuses = 2 * time.Second
+
+// memoryBudgetLiveFor waits until the relay process serving /metrics on
+// addr has decoded an event and sent enough standby status updates
+// (STATUS_INTERVAL memoryBudgetStatuses) to have run through d since the
+// call, and d has passed: the reader sends them all along while it waits
+// for room in the byte budget, so they show it was decoding through the
+// window, not only that the test's clock moved.
+func memoryBudgetLiveFor(t *testing.T, addr string, d time.Duration) {
+	t.Helper()
+	const decoded, statuses = "cdcrelay_events_decoded_total", "cdcrelay_status_updates_total"
+	start := time.Now()
+	want := scrape(t, addr)[statuses] + float64(d/memoryBudgetStatuses) + 1
+	// d too: an update the server asked for comes early.
+	for m := scrape(t, addr); m[decoded] < 1 || m[statuses] < want || time.Since(start) < d; m = scrape(t, addr) {
+		if time.Since(start) > d+2*time.Minute {
+			t.Fatalf("after %s: %v events decoded, %v status updates; want at least 1 and %v", time.Since(start), m[decoded], m[statuses], want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // memoryBudgetProcess runs the relay binary built without -race.

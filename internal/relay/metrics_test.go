@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -69,8 +70,7 @@ func TestIntegrationMetricsUnderLoad(t *testing.T) {
 	}
 	first, _ := insertTxns(t, e.db, "m", 100, 100)
 	waitAll(t, e.consumer, first, 30*time.Second)
-	time.Sleep(time.Second) // marks and a monitor turn
-	before := scrape(t, addr)
+	before := scrapeSettled(t, addr, len(first))
 
 	stop := make(chan struct{})
 	during := keepInserting(t, e, "m", stop)
@@ -79,8 +79,7 @@ func TestIntegrationMetricsUnderLoad(t *testing.T) {
 	close(stop)
 	rows := <-during
 	waitAll(t, e.consumer, rows, 30*time.Second)
-	time.Sleep(time.Second)
-	after := scrape(t, addr)
+	after := scrapeSettled(t, addr, len(first)+len(rows))
 
 	slot := `{slot="` + slotName + `"}`
 	for _, name := range []string{
@@ -128,6 +127,23 @@ func TestIntegrationMetricsUnderLoad(t *testing.T) {
 			t.Errorf("%s = %v (present %v)", name, v, present)
 		}
 	}
+}
+
+// scrapeSettled scrapes addr once the janitor has marked at least marked
+// rows and the monitor has refreshed since: the marks and the backlog
+// gauges then reflect every delivered row.
+func scrapeSettled(t *testing.T, addr string, marked int) map[string]float64 {
+	t.Helper()
+	pollUntil(t, 30*time.Second, fmt.Sprintf("%d rows marked", marked), func() bool {
+		return scrape(t, addr)["cdcrelay_janitor_marked_total"] >= float64(marked)
+	})
+	since := float64(time.Now().UnixNano()) / 1e9
+	var m map[string]float64
+	pollUntil(t, 30*time.Second, "a monitor turn after the marks", func() bool {
+		m = scrape(t, addr)
+		return m[lastSuccess] >= since
+	})
+	return m
 }
 
 func get(t *testing.T, addr, path string) (int, string) {

@@ -10,13 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
-	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
-
-// originVersion is the first server_version_num whose pgoutput takes the
-// origin option.
-const originVersion = 160000
 
 // decideOrigins decides whether this session's stream asks pgoutput for
 // origin 'none': the walsender then skips, before its reorder buffer,
@@ -28,16 +24,16 @@ const originVersion = 160000
 // subscription's apply worker, say) may insert outbox rows, which the
 // stream must never skip. The decision holds for the session's start
 // only: an origin created later is the origin gate's (origingate.go).
-// sdb is the server that decodes.
-func (r *Relay) decideOrigins(ctx context.Context, sdb *pgx.Conn, server slot.Server) (bool, error) {
-	// The decision names the stream publish.Resume's places belong to
+// sdb is the server that decodes, server its probe (pgcaps.Caps.OriginNone).
+func (r *Relay) decideOrigins(ctx context.Context, sdb *pgx.Conn, server pgcaps.Caps) (bool, error) {
+	// The decision names the stream publish.Carryover's places belong to
 	// (Relay.anchor): places learned from a stream that skipped every
 	// transaction with an origin say nothing of the transactions it never
 	// saw, and a stream that decodes them must not skip them as done.
-	if r.cfg.MarkOrigin == config.MarkOriginOff || server.Version < originVersion {
+	if r.cfg.MarkOrigin == config.MarkOriginOff || !server.OriginNone() {
 		return false, nil
 	}
-	if usable, err := pgconnect.OriginsUsable(ctx, sdb); err != nil || !usable {
+	if usable, err := pgconnect.OriginsUsable(ctx, sdb, server); err != nil || !usable {
 		return false, err
 	}
 	only, others, err := pgconnect.OnlyRelayOrigins(ctx, sdb)

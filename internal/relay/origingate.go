@@ -240,7 +240,7 @@ func (c *originCheck) foreignOrigins(ctx context.Context) ([]string, error) {
 			return nil, err
 		}
 		if c.status, err = pgconnect.ReadsOriginStatus(ctx, db); err != nil {
-			_ = db.Close(context.WithoutCancel(ctx))
+			pgconnect.Close(ctx, db)
 			return nil, err
 		}
 		c.db = db

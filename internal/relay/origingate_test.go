@@ -11,7 +11,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/cdcrelay/cdcrelay/internal/slot"
+	"github.com/cdcrelay/cdcrelay/internal/progress"
+	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
 // These test the origin gate's logic (origingate.go) with a real
@@ -47,7 +48,7 @@ func (f *fakeCheck) count() int {
 
 type testGate struct {
 	*originGate
-	wm      *slot.Watermark
+	wm      *progress.Watermark
 	checks  *fakeCheck
 	foreign atomic.Bool
 	done    chan struct{} // closed as if the reader had returned
@@ -58,7 +59,7 @@ type testGate struct {
 // checks at interval; the test's end stops it.
 func startGate(t *testing.T, start pglogrepl.LSN, interval time.Duration, marks <-chan struct{}) (*testGate, <-chan struct{}) {
 	t.Helper()
-	tg := &testGate{wm: slot.NewWatermark(start), checks: &fakeCheck{}, done: make(chan struct{}), errc: make(chan error, 1)}
+	tg := &testGate{wm: progress.NewWatermark(start), checks: &fakeCheck{}, done: make(chan struct{}), errc: make(chan error, 1)}
 	g := &originGate{inner: tg.wm, active: true, interval: interval, timeout: time.Second,
 		nudge: make(chan struct{}, 1), log: slog.New(slog.DiscardHandler)}
 	g.received.Store(uint64(start))
@@ -80,7 +81,7 @@ func (tg *testGate) commit(end pglogrepl.LSN) {
 	tg.Begin()
 	seq := tg.NextSeq()
 	tg.Commit(end)
-	tg.wm.Ack(seq)
+	tg.wm.MarkDone(seq, wal.Place{}, "")
 }
 
 // waitPosition polls Position, as the reader's loop does, until it is want.
@@ -239,7 +240,7 @@ func TestOriginGateCheckFailureEndsTheSession(t *testing.T) {
 }
 
 func TestOriginGateInactivePassesThrough(t *testing.T) {
-	wm := slot.NewWatermark(100)
+	wm := progress.NewWatermark(100)
 	r := &Relay{log: slog.New(slog.DiscardHandler)} // skipOrigins false: the session decodes every origin
 	g := r.newOriginGate(wm, 100, time.Millisecond)
 	marks := make(chan struct{})
@@ -252,7 +253,7 @@ func TestOriginGateInactivePassesThrough(t *testing.T) {
 	g.Begin()
 	seq := g.NextSeq()
 	g.Commit(200)
-	wm.Ack(seq)
+	wm.MarkDone(seq, wal.Place{}, "")
 	if got := g.Position(); got != 200 {
 		t.Fatalf("position %s; want the watermark's, 200", got)
 	}

@@ -114,7 +114,7 @@ func TestIntegrationPgstopRevokeKeepsSession(t *testing.T) {
 	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
 	marksExec(t, e, marksRevokeSQL)
 	blocked, _ := insertDelivered(t, e, 10, 10)
-	time.Sleep(3 * time.Second) // several failed mark attempts (backoff capped at 1s)
+	waitCounter(t, r.reg, "cdcrelay_janitor_errors_total", 3, 30*time.Second) // several failed mark attempts (backoff capped at 1s)
 	if errs := gauge(t, r.reg, "cdcrelay_janitor_errors_total"); errs < 2 {
 		t.Fatalf("%v janitor errors while revoked; the test did not exercise refused marks", errs)
 	}
@@ -141,11 +141,12 @@ func TestIntegrationPgstopRevokeKeepsSession(t *testing.T) {
 // them until the GRANT; then every row ends marked.
 func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
 	t.Parallel() // long and mostly waiting: see main_test.go
-	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms"})
+	e, r := streamingRelay(t, map[string]string{"MARK_INTERVAL": "100ms", "STATUS_INTERVAL": statusesFast.String()})
 	warm := insertMarked(t, e, 5, 10*time.Second)
 	marksExec(t, e, marksRevokeSQL)
 	rows, _ := insertDelivered(t, e, 20, 20)
-	time.Sleep(2 * time.Second) // marks refused on the backoff schedule
+	// Marks refused on the backoff schedule: two attempts at these rows.
+	waitCounter(t, r.reg, "cdcrelay_janitor_errors_total", gauge(t, r.reg, "cdcrelay_janitor_errors_total")+2, 30*time.Second)
 	if n := unmarked(t, e, rows); n != len(rows) {
 		t.Fatalf("%d rows marked without the grant", len(rows)-n)
 	}
@@ -157,7 +158,7 @@ func TestIntegrationPgstopFastStopWhileMarksRefused(t *testing.T) {
 	after, last := insertTxns(t, e.db, "k", 10)
 	all := slices.Concat(rows, after)
 	waitAll(t, e.consumer, all, 60*time.Second)
-	time.Sleep(2 * time.Second)
+	liveFor(t, r, 2*time.Second) // status updates sent meanwhile, none past the unmarked rows
 	if got := testenv.ConfirmedFlush(t, e.db, marksSlot); got > first {
 		t.Fatalf("slot confirmed %s after the restart, past the commit %s of unmarked rows", got, first)
 	}

@@ -64,10 +64,10 @@ type Relay struct {
 	// refused outlives sessions: events the client library could not
 	// encode, parked by the next session instead of published again.
 	refused *publish.Refusals
-	// resume outlives sessions too: where the last one left off inside the
+	// carryover outlives sessions too: where the last one left off inside the
 	// stream, so a broker that refuses some messages never makes the relay
 	// publish the same acknowledged events session after session.
-	resume     *publish.Resume
+	carryover  *publish.Carryover
 	unroutable publish.UnroutablePolicy
 	// unknown outlives sessions too: relations whose insert ended a
 	// session as unknown (wal.RelationUnknownError), OID to name. The next
@@ -145,13 +145,13 @@ func newRelay(cfg config.Config, jan *janitor.Janitor, log *slog.Logger, reg pro
 		mapping: wal.Mapping{Outbox: outbox, MaxMessageBytes: int64(cfg.MaxMessageBytes)},
 		poison:  map[string]publish.PoisonPolicy{config.PoisonPark: publish.Park, config.PoisonStop: publish.Stop}[cfg.Poison],
 		janitor: jan, marks: jan,
-		log:     log,
-		metrics: newMetrics(reg, cfg.Slot),
-		walM:    wal.NewMetrics(reg, cfg.Slot),
-		pubM:    publish.NewMetrics(reg, cfg.Slot),
-		refused: &publish.Refusals{},
-		resume:  &publish.Resume{},
-		unknown: make(map[uint32]string),
+		log:       log,
+		metrics:   newMetrics(reg, cfg.Slot),
+		walM:      wal.NewMetrics(reg, cfg.Slot),
+		pubM:      publish.NewMetrics(reg, cfg.Slot),
+		refused:   &publish.Refusals{},
+		carryover: &publish.Carryover{},
+		unknown:   make(map[uint32]string),
 		unroutable: map[string]publish.UnroutablePolicy{
 			config.UnroutableStall: publish.StallUnroutable, config.UnroutablePark: publish.ParkUnroutable,
 		}[cfg.Unroutable],
@@ -182,7 +182,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.setRole(RoleStarting)
 	delay := r.cfg.BackoffMin
 	for {
-		started, progress := time.Now(), r.resume.Progress()
+		started, progress := time.Now(), r.carryover.Progress()
 		err := r.session(ctx)
 		if ctx.Err() != nil {
 			if err != nil && !errors.Is(err, context.Canceled) {
@@ -212,7 +212,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			// A session that ran for a while was healthy, and one that got
 			// events through made progress (a bounded queue refusing the
 			// rest): start the backoff over.
-			if time.Since(started) > r.cfg.BackoffMax || r.resume.Progress() != progress {
+			if time.Since(started) > r.cfg.BackoffMax || r.carryover.Progress() != progress {
 				delay = r.cfg.BackoffMin
 			}
 			wait = backoff.Jitter(delay)

@@ -41,9 +41,9 @@ func TestIntegrationExactlyOnceInCommitOrder(t *testing.T) {
 	if err := r.stop(t); err != nil {
 		t.Fatalf("relay: %v", err)
 	}
-	// Wait a moment for stragglers so duplicates would show.
-	time.Sleep(300 * time.Millisecond)
-	if dups := report(t, rows, e.consumer.Deliveries()); dups != 0 {
+	// Stragglers, duplicates among them, would be in the queue before the
+	// barrier.
+	if dups := report(t, rows, e.brokerBarrier(t, "orders.created")); dups != 0 {
 		t.Fatalf("%d duplicates in a run without faults", dups)
 	}
 }
@@ -118,15 +118,14 @@ func TestIntegrationInsertedWhileDown(t *testing.T) {
 	}
 
 	during, last := insertTxns(t, e.db, "k", 1, 10, 100)
-	time.Sleep(200 * time.Millisecond)
-	if n := e.consumer.Count(); n != 3 {
+	if n := len(e.brokerBarrier(t, "k")); n != 3 {
 		t.Fatalf("%d deliveries while the relay was down", n)
 	}
 	e.startRelay(nil)
 	all := append(append([]row(nil), before...), during...)
-	testenv.WaitCount(t, e.consumer, len(all), time.Minute)
+	testenv.WaitCount(t, e.consumer, len(all)+1, time.Minute) // and the barrier
 	testenv.WaitConfirmed(t, e.db, slotName, last+1, 30*time.Second)
-	if dups := report(t, all, e.consumer.Deliveries()); dups != 0 {
+	if dups := report(t, all, e.relayed()); dups != 0 {
 		t.Fatalf("%d duplicates after a graceful stop", dups)
 	}
 }
@@ -203,8 +202,11 @@ func TestIntegrationReturnedMessageBlocksTheSlot(t *testing.T) {
 	r.waitStreaming(t)
 	routed, _ := insertTxns(t, e.db, "routed.a", 2)
 	testenv.WaitCount(t, e.consumer, 2, 30*time.Second)
+	restarts := gauge(t, r.reg, "cdcrelay_pipeline_restarts_total")
 	unrouted, last := insertTxns(t, e.db, "nowhere", 1)
-	time.Sleep(2 * time.Second) // several failed attempts
+	// Several failed attempts, counted: each return ends the session. The
+	// slot check below proves nothing before the relay has tried.
+	waitCounter(t, r.reg, "cdcrelay_pipeline_restarts_total", restarts+2, 30*time.Second)
 	waitReturnedUntilRouted(t, e, unrouted, last)
 	report(t, routed, e.consumer.Deliveries()[:2])
 }

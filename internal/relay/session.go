@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
@@ -35,14 +36,14 @@ func (r *Relay) session(ctx context.Context) (err error) {
 			err = r.dropMade(ctx, err)
 			f.stop()
 		}
-		_ = lock.Close(context.WithoutCancel(ctx))
+		pgconnect.Close(ctx, lock)
 	}()
 	if err := r.acquire(ctx, lock); err != nil {
 		return err
 	}
 	r.metrics.lockHeld.Set(1)
 	defer r.metrics.lockHeld.Set(0)
-	r.resume.Begin(time.Now()) // careful for a while if the last session ended on a refusal
+	r.carryover.Begin(time.Now()) // careful for a while if the last session ended on a refusal
 	// The lock's connection stays idle from here on; losing it ends the
 	// session at once: work is cancelled and the replication socket closed.
 	work, cancelWork := context.WithCancel(ctx)
@@ -59,10 +60,10 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	sdb := db
 	closeDB := func() {
 		if sdb != nil && sdb != db {
-			_ = sdb.Close(context.WithoutCancel(ctx))
+			pgconnect.Close(ctx, sdb)
 		}
 		if db != nil {
-			_ = db.Close(context.WithoutCancel(ctx))
+			pgconnect.Close(ctx, db)
 		}
 		db, sdb = nil, nil
 	}
@@ -88,9 +89,7 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	}
 	f.guard(repl)
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = repl.Close(cctx)
+		pgconnect.Close(ctx, repl)
 	}()
 	// Before any slot is created: a replication command ends the snapshot
 	// a new slot exports.
@@ -113,11 +112,11 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	start := info.ConfirmedFlush
 	switch {
 	case !info.Exists:
-		if start, err = r.adopt(work, db, sdb, repl, link, adopting); err != nil {
+		if start, err = r.adopt(work, ctx, db, sdb, repl, link, adopting); err != nil {
 			return err
 		}
 	case info.Adopting:
-		if err := r.resumeAdoption(work, sdb, link, start); err != nil {
+		if err := r.resumeAdoption(work, ctx, sdb, link, start); err != nil {
 			return err
 		}
 	}
@@ -132,7 +131,7 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	// Streaming: the slot is the relay's now, whoever created it, and a
 	// later fatal error keeps it (the next start goes on from it).
 	r.made = madeSlot{}
-	return r.stream(ctx, repl, link, start, interval)
+	return r.stream(ctx, work, repl, link, start, interval)
 }
 
 // prepare makes sure the publication exists, then looks at the slot, with

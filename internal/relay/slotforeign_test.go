@@ -18,6 +18,27 @@ import (
 // that is not a relay.
 const foreignStatus = `cdcrelay_status{reason="slot_foreign",slot="` + slotName + `"}`
 
+// standbyClock is the MONITOR_INTERVAL of the tests that count a
+// standby's monitor refreshes as its clock (standbyLiveFor).
+const standbyClock = 100 * time.Millisecond
+
+// standbyLiveFor waits until r, waiting as the standby, has run through d
+// since the call. A standby's slot code is blocked in its one lock wait
+// and sends nothing, so no counter of its own rises; its monitor
+// (MONITOR_INTERVAL standbyClock, and the only relay on the database, so
+// the monitor lock's holder) refreshes on the relay's own clock. A refresh
+// stamped d after the call shows the process ran through the window, not
+// only that the test's clock moved.
+func standbyLiveFor(t *testing.T, r *running, d time.Duration) {
+	t.Helper()
+	const name = "cdcrelay_monitor_last_success_timestamp_seconds"
+	end := float64(time.Now().Add(d).UnixNano()) / 1e9
+	pollUntil(t, d+time.Minute, "a monitor refresh of the standby "+d.String()+" on", func() bool {
+		v, _ := monitorValue(t, r.reg, name)
+		return v >= end
+	})
+}
+
 // waitSlotHolder waits until a backend with application_name app holds
 // the slot, and returns its pid.
 func waitSlotHolder(t *testing.T, db *pgx.Conn, app string, within time.Duration) int {

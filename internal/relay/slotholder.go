@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
@@ -52,13 +53,13 @@ func (r *Relay) classifyBusy(ctx context.Context, busy error) error {
 	if err != nil {
 		return busy
 	}
-	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
+	defer pgconnect.Close(ctx, db)
 	sdb, err := r.connectSlotDB(ctx, db)
 	if err != nil {
 		return busy
 	}
 	if sdb != db {
-		defer func() { _ = sdb.Close(context.WithoutCancel(ctx)) }()
+		defer pgconnect.Close(ctx, sdb)
 	}
 	h, held, err := slot.ReadHolder(ctx, sdb, r.cfg.Slot)
 	if err != nil || !held || preflight.IsRelay(r.cfg, h) {

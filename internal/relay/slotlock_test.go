@@ -258,9 +258,9 @@ func TestIntegrationMarkerSeenUnderAnotherOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	streamed, _ := insertTxns(t, e.db, "k", 20)
-	c := e.startRelay(nil)
+	c := e.startRelay(map[string]string{"MONITOR_INTERVAL": standbyClock.String()})
 	slotownWaitStandbyUntouched(t, c)
-	time.Sleep(2 * time.Second)
+	standbyLiveFor(t, c, 2*time.Second)
 	if s := slotownSlots(t, e.db); !s[slotName] || !s[slot.AdoptionSlotName(slotName)] {
 		t.Fatalf("slots while another owner holds the lock: %v; the waiting relay touched them", s)
 	}
@@ -302,9 +302,9 @@ func TestIntegrationLostSlotDroppedOnlyUnderLock(t *testing.T) {
 	stranded, _ := insertTxns(t, e.db, "k", 20)
 	invalidate(t, e.db)
 	owner := slotownHoldLock(t, e)
-	c := e.startRelay(nil)
+	c := e.startRelay(map[string]string{"MONITOR_INTERVAL": standbyClock.String()})
 	slotownWaitStandbyUntouched(t, c)
-	time.Sleep(2 * time.Second)
+	standbyLiveFor(t, c, 2*time.Second)
 	var status string
 	if err := e.db.QueryRow(context.Background(), `SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1`, slotName).Scan(&status); err != nil || status != "lost" {
 		t.Fatalf("slot wal_status %q (%v) while another owner holds the lock; want it left alone", status, err)
@@ -409,13 +409,13 @@ func TestIntegrationLockIgnoresRoleTimeouts(t *testing.T) {
 	if _, err := e.db.Exec(context.Background(), `ALTER ROLE cdcrelay_app SET statement_timeout = '1s'; ALTER ROLE cdcrelay_app SET lock_timeout = '1s'; ALTER ROLE cdcrelay_app SET idle_session_timeout = '2s'`); err != nil {
 		t.Fatal(err)
 	}
-	a := e.startRelay(map[string]string{"DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, "slotown_a")})
+	a := e.startRelay(map[string]string{"DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, "slotown_a"), "STATUS_INTERVAL": statusesFast.String()})
 	a.waitStreaming(t)
 	b := e.startRelay(map[string]string{"DATABASE_URL": testenv.WithApplicationName(t, e.relayURL, "slotown_b")})
 	b.WaitFor(t, 30*time.Second, "standby", func() bool { return b.relay.Role() == relay.RoleStandby })
 	waiting := slotownWaitingOnLock(t, e.db, "slotown_b", 10*time.Second)
 	holder := slotownLockHolder(t, e.db)
-	time.Sleep(6 * time.Second)
+	liveFor(t, a, 6*time.Second) // past every timeout, with the holder's session alive throughout
 	if now := slotownWaitingOnLock(t, e.db, "slotown_b", time.Second); now.pid != waiting.pid || fmt.Sprint(now.queryStart) != fmt.Sprint(waiting.queryStart) {
 		t.Fatalf("the standby's wait was interrupted: %v, then %v", waiting, now)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/pgcaps"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/pgerr"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
@@ -22,10 +23,6 @@ import (
 // backlog stay on the primary. The janitor confirms a mark only once the
 // standby shows it (janitor/replica.go), so a promotion of the standby
 // never leaves a row unmarked behind the slot.
-
-// standbyDecodingVersion is the first server_version_num that decodes on a
-// standby.
-const standbyDecodingVersion = 160000
 
 // connectSlotDB opens the normal connection to the server that holds the
 // slot: db itself without CDCRELAY_REPLICATION_URL.
@@ -41,13 +38,15 @@ func (r *Relay) connectSlotDB(ctx context.Context, db *pgx.Conn) (*pgx.Conn, err
 	return sdb, nil
 }
 
-// slotServer reads the server that holds the slot and, when it is not the
-// primary's connection, refuses one that cannot hold it for this primary:
-// another database system, a standby older than 16, one without
-// wal_level=logical or hot_standby_feedback (without feedback the primary
-// vacuums catalog rows the slot needs and PostgreSQL invalidates it).
-func (r *Relay) slotServer(ctx context.Context, db, sdb *pgx.Conn) (slot.Server, error) {
-	server, err := slot.ReadServer(ctx, sdb)
+// slotServer probes the server that holds the slot (pgcaps.Probe, once
+// per session: the session hands the result to what needs it) and, when
+// it is not the primary's connection, refuses one that cannot hold it for
+// this primary: another database system, a standby older than 16
+// (pgcaps.Caps.DecodesOnStandby), one without wal_level=logical or
+// hot_standby_feedback (without feedback the primary vacuums catalog rows
+// the slot needs and PostgreSQL invalidates it).
+func (r *Relay) slotServer(ctx context.Context, db, sdb *pgx.Conn) (pgcaps.Caps, error) {
+	server, err := pgcaps.Probe(ctx, sdb)
 	if err != nil {
 		return server, err
 	}
@@ -73,7 +72,7 @@ func (r *Relay) slotServer(ctx context.Context, db, sdb *pgx.Conn) (slot.Server,
 		// A standby promoted since: it is the primary now (DATABASE_URL
 		// reaches it too, with target_session_attrs=read-write).
 		r.log.Info("the replication server is not a standby (promoted?); streaming from it as from a primary", "server", server.String())
-	case server.Version < standbyDecodingVersion:
+	case !server.DecodesOnStandby():
 		return server, fmt.Errorf("%w: the replication server is %s; logical decoding on a standby needs PostgreSQL 16 or later; unset CDCRELAY_REPLICATION_URL", slot.ErrSlotServer, server)
 	case walLevel != "logical":
 		return server, fmt.Errorf("%w: the standby has wal_level=%s; set wal_level = logical on the standby too (and restart it)", slot.ErrSlotServer, walLevel)

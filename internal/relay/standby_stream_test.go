@@ -155,12 +155,14 @@ func promoteUnderLoad(t *testing.T, w *standbyWorld, r *relaytest.InProcess, bef
 	if beforeKill != nil {
 		beforeKill()
 	}
+	restarts := gauge(t, r.Reg, "cdcrelay_pipeline_restarts_total")
 	if err := w.pg.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The slot lock lived on the primary: the session ends. Whatever the
-	// slot confirmed before must be marked on the standby.
-	time.Sleep(time.Second)
+	// The slot lock lived on the primary: the session ends, and the relay
+	// counts the restart once it has. Whatever the slot confirmed before
+	// must be marked on the standby.
+	waitCounter(t, r.Reg, "cdcrelay_pipeline_restarts_total", restarts+1, 30*time.Second)
 	_, _, _, _, confirmed, err := slotRow(ctx, w.standby, standbySlot)
 	if err != nil {
 		t.Fatal(err)

@@ -9,113 +9,154 @@ import (
 )
 
 var (
-	// citedFile is a source file docs/architecture.md names.
-	citedFile = regexp.MustCompile("`((?:internal|cmd)/[A-Za-z0-9_/.-]+\\.go)`")
 	// enforcedBy is an invariant's "Enforced by … Tests:" sentence.
 	enforcedBy = regexp.MustCompile(`(?s)Enforced by\s+(.*?)Tests:`)
-	// codeName is a backticked Go name in it: pkg.Func, pkg.Type.Method,
-	// Type.Method or func.
-	codeName = regexp.MustCompile("`([A-Za-z_][A-Za-z0-9_]*(?:\\.[A-Za-z_][A-Za-z0-9_]*)*)`")
+	// span is a backticked span of a paragraph.
+	span = regexp.MustCompile("`([^`]+)`")
+	// blockStart is a line that starts a paragraph of its own: a list
+	// item, a table row, a heading.
+	blockStart = regexp.MustCompile(`^\s*(?:\d+\.|-|\||#)`)
 )
 
-// TestArchitectureCitesRealCode: every source file docs/architecture.md
-// names exists, and every function, method or type an invariant says it is
-// enforced by is declared somewhere under internal/, so a rename or a move
-// cannot leave the map of the code stale.
+// paragraphs splits a Markdown page into paragraphs (a list item, a table
+// row, a heading, or lines between blank ones), each joined into one line,
+// leaving out fenced code blocks.
+func paragraphs(doc string) []string {
+	var out []string
+	var cur []string
+	flush := func() {
+		if len(cur) > 0 {
+			out = append(out, strings.Join(cur, " "))
+			cur = nil
+		}
+	}
+	fenced := false
+	for _, line := range strings.Split(doc, "\n") {
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
+			flush()
+			continue
+		}
+		if fenced {
+			continue
+		}
+		if strings.TrimSpace(line) == "" || blockStart.MatchString(line) {
+			flush()
+		}
+		if strings.TrimSpace(line) != "" {
+			cur = append(cur, strings.TrimSpace(line))
+		}
+	}
+	flush()
+	return out
+}
+
+// fencedNames are the names a fenced block (the flow diagram) cites
+// without backticks: pkg.Name and pkg.Type.Member of a package of the
+// repository, and CDCRELAY_* variables.
+func (tr *tree) fencedNames(doc string) []string {
+	var out []string
+	for i, block := range strings.Split(doc, "```") {
+		if i%2 == 0 {
+			continue // outside a fence
+		}
+		for _, w := range fencedWord.FindAllString(block, -1) {
+			first, _, dotted := strings.Cut(w, ".")
+			if (dotted && len(tr.byName[first]) > 0) || strings.HasPrefix(w, "CDCRELAY_") {
+				out = append(out, strings.TrimSuffix(w, "."))
+			}
+		}
+	}
+	return out
+}
+
+// fencedWord is a word of a fenced block, dots included.
+var fencedWord = regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*`)
+
+// spans are a paragraph's backticked spans, inner whitespace collapsed (a
+// span may wrap across lines).
+func spans(par string) []string {
+	var out []string
+	for _, m := range span.FindAllStringSubmatch(par, -1) {
+		out = append(out, strings.Join(strings.Fields(m[1]), " "))
+	}
+	return out
+}
+
+// TestArchitectureCitesRealCode: every backticked span of
+// docs/architecture.md resolves exactly by the rule of resolve (a Go name
+// in the packages its paragraph names, a file, a test, a variable, a
+// metric, a make target, a word of the code's strings), so a rename, a
+// move or a name that never existed cannot leave the map of the code
+// stale. Each invariant names the code that enforces it.
 func TestArchitectureCitesRealCode(t *testing.T) {
 	root := filepath.Join("..", "..")
-	doc, err := os.ReadFile(filepath.Join(root, "docs", "architecture.md"))
+	raw, err := os.ReadFile(filepath.Join(root, "docs", "architecture.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range citedFile.FindAllStringSubmatch(string(doc), -1) {
-		if _, err := os.Stat(filepath.Join(root, m[1])); err != nil {
-			t.Errorf("docs/architecture.md cites %s: %v", m[1], err)
+	tr := loadTree(t, root)
+	checked := 0
+	for _, par := range paragraphs(string(raw)) {
+		ss := spans(par)
+		ctx := tr.contextOf(ss)
+		for _, s := range ss {
+			checked++
+			if why := tr.resolve(s, ctx); why != "" {
+				t.Errorf("docs/architecture.md `%s`: %s\n\tin: %.120s…", s, why, par)
+			}
 		}
 	}
-	decls := declarations(t, filepath.Join(root, "internal"))
-	sentences := enforcedBy.FindAllStringSubmatch(string(doc), -1)
+	for _, name := range tr.fencedNames(string(raw)) {
+		checked++
+		if why := tr.resolve(name, nil); why != "" {
+			t.Errorf("docs/architecture.md's diagram names %s: %s", name, why)
+		}
+	}
+	if checked < 300 {
+		t.Fatalf("only %d spans checked; the page names more", checked)
+	}
+	sentences := enforcedBy.FindAllStringSubmatch(string(raw), -1)
 	if len(sentences) < 12 {
 		t.Fatalf("%d invariants say what enforces them, want all 12", len(sentences))
 	}
 	for _, s := range sentences {
-		for _, m := range codeName.FindAllStringSubmatch(s[1], -1) {
-			parts := strings.Split(m[1], ".")
-			name := parts[len(parts)-1]
-			if !decls[name] {
-				t.Errorf("docs/architecture.md says %s enforces an invariant, but no func, method or type %s is declared under internal/", m[1], name)
-			}
+		if !hasGoName(spans(s[1])) {
+			t.Errorf("an invariant is enforced by no named function, method or type: %.100s", s[1])
 		}
 	}
 }
 
-// declarations returns the names of the funcs, methods and types declared
-// in the non-test Go files under dir.
-func declarations(t *testing.T, dir string) map[string]bool {
-	t.Helper()
-	decl := regexp.MustCompile(`(?m)^(?:func (?:\([^)]*\) )?|type )([A-Za-z_][A-Za-z0-9_]*)`)
-	return declared(t, dir, decl, func(path string) bool { return !strings.HasSuffix(path, "_test.go") })
-}
-
-// declared returns the first group of decl in every Go file under dir that
-// want keeps, skipping .git and node_modules.
-func declared(t *testing.T, dir string, decl *regexp.Regexp, want func(path string) bool) map[string]bool {
-	t.Helper()
-	names := map[string]bool{}
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
+func hasGoName(ss []string) bool {
+	for _, s := range ss {
+		if goName.MatchString(s) && !testName.MatchString(s) {
+			return true
 		}
-		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(path, ".go") || !want(path) {
-			return nil
-		}
-		src, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		for _, m := range decl.FindAllStringSubmatch(string(src), -1) {
-			names[m[1]] = true
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
-	return names
+	return false
 }
 
 // citedTest is a test, fuzz target or benchmark docs/architecture.md names.
 var citedTest = regexp.MustCompile("`((?:Test|Fuzz|Benchmark)[A-Za-z0-9_]+)`")
 
-// TestArchitectureNamesRealTests: every test docs/architecture.md names
-// (an invariant's tests, a row of "What the relay remembers") is declared
-// in a test file of the repository, so the table of what proves a belief
-// is dropped cannot point at a test that was renamed or never written.
+// TestArchitectureNamesRealTests: docs/architecture.md names the tests of
+// its invariants and of the table of what the relay remembers (each one
+// is resolved by TestArchitectureCitesRealCode), so the table of what
+// proves a belief is dropped cannot quietly lose them.
 func TestArchitectureNamesRealTests(t *testing.T) {
 	root := filepath.Join("..", "..")
 	doc, err := os.ReadFile(filepath.Join(root, "docs", "architecture.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tests := testDeclarations(t, root)
+	tr := loadTree(t, root)
 	cited := citedTest.FindAllStringSubmatch(string(doc), -1)
 	if len(cited) < 50 {
 		t.Fatalf("docs/architecture.md names %d tests; the invariants and the table of what the relay remembers name more", len(cited))
 	}
 	for _, m := range cited {
-		if !tests[m[1]] {
+		if !tr.tests[m[1]] {
 			t.Errorf("docs/architecture.md names %s, but no test file declares func %s", m[1], m[1])
 		}
 	}
-}
-
-// testDeclarations returns the names of the top-level funcs declared in
-// the test files under dir, whatever their build tags.
-func testDeclarations(t *testing.T, dir string) map[string]bool {
-	t.Helper()
-	decl := regexp.MustCompile(`(?m)^func ([A-Za-z_][A-Za-z0-9_]*)\(`)
-	return declared(t, dir, decl, func(path string) bool { return strings.HasSuffix(path, "_test.go") })
 }

@@ -17,7 +17,7 @@ import (
 func TestListedTestsExist(t *testing.T) {
 	vars := makeVars(t, filepath.Join("..", "..", "Makefile"))
 	var tests []string
-	for _, dir := range []string{"internal/relay", "internal/faults", "internal/testenv", "internal/monitor"} {
+	for _, dir := range []string{"internal/relay", "internal/faults", "internal/testenv", "internal/monitor", "internal/pgcaps"} {
 		files, err := filepath.Glob(filepath.Join("..", "..", dir, "*_test.go"))
 		if err != nil {
 			t.Fatal(err)

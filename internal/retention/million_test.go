@@ -24,6 +24,7 @@ import (
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/janitor"
+	"github.com/cdcrelay/cdcrelay/internal/progress"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
@@ -133,7 +134,7 @@ func startMarking(t *testing.T, url string) *marking {
 	ctx, cancel := context.WithCancel(context.Background())
 	// The janitor acks the events' sequence numbers on this watermark once
 	// their rows are marked, as it does a streaming session's.
-	positions := slot.NewWatermark(0)
+	positions := progress.NewWatermark(0)
 	session := j.Session(ctx, positions)
 	db, err := pgx.Connect(ctx, url)
 	if err != nil {

@@ -160,7 +160,7 @@ func (r *Retention) runOnce(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = db.Close(context.WithoutCancel(ctx)) }()
+	defer pgconnect.Close(ctx, db)
 	s, err := r.inspect(ctx, db)
 	if err != nil {
 		return 0, err

@@ -27,7 +27,7 @@ const (
 	backfillFetchBytes = 4 << 20
 )
 
-// Sequencer assigns the events' sequence numbers (slot.Watermark does).
+// Sequencer assigns the events' sequence numbers (progress.Watermark does).
 type Sequencer interface{ NextSeq() uint64 }
 
 // Backfill reads every row with published_at IS NULL from the slot's

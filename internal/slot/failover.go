@@ -13,58 +13,14 @@ import (
 )
 
 // ErrFailoverUnsupported means CDCRELAY_SLOT_FAILOVER=on asks for what the
-// server cannot do: no retry changes the server's version or role.
+// server cannot do (pgcaps.Caps.CanFailover): no retry changes the
+// server's version or role.
 var ErrFailoverUnsupported = errors.New("the server cannot keep a failover slot")
 
 // ErrSlotServer means CDCRELAY_REPLICATION_URL names a server that cannot
 // hold the slot for this primary (another system, a standby before 16,
 // one without wal_level=logical or hot_standby_feedback).
 var ErrSlotServer = errors.New("the replication server cannot hold the slot")
-
-// failoverVersion is the first server_version_num with failover slots.
-const failoverVersion = 170000
-
-// Server is what the relay needs to know of the server that holds the slot.
-type Server struct {
-	Version    int  // server_version_num, e.g. 170010
-	InRecovery bool // a standby
-	// Started is when the server last started: a restart after a crash
-	// may have undone what was committed asynchronously before it.
-	Started time.Time
-}
-
-// ReadServer asks db for its version, whether it is a standby and when it
-// started.
-func ReadServer(ctx context.Context, db *pgx.Conn) (Server, error) {
-	var s Server
-	err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, pg_is_in_recovery(), pg_postmaster_start_time()`).Scan(&s.Version, &s.InRecovery, &s.Started)
-	if err != nil {
-		return s, fmt.Errorf("read server version: %w", err)
-	}
-	return s, nil
-}
-
-// CanFailover reports whether the server can keep a failover slot:
-// PostgreSQL 17 or later, and a primary (PostgreSQL refuses failover for
-// a slot created on a standby).
-func (s Server) CanFailover() bool { return s.Version >= failoverVersion && !s.InRecovery }
-
-// String reads like "PostgreSQL 17.10 (primary)".
-func (s Server) String() string {
-	role := "primary"
-	if s.InRecovery {
-		role = "standby"
-	}
-	return fmt.Sprintf("PostgreSQL %s (%s)", versionString(s.Version), role)
-}
-
-// versionString turns server_version_num into "17.10" (or "9.6.24").
-func versionString(num int) string {
-	if num >= 100000 {
-		return fmt.Sprintf("%d.%d", num/10000, num%10000)
-	}
-	return fmt.Sprintf("%d.%d.%d", num/10000, num/100%100, num%100)
-}
 
 // alterWait bounds ALTER_REPLICATION_SLOT: it waits while another process
 // streams the slot, which the caller checked it does not.

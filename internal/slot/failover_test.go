@@ -28,26 +28,6 @@ func TestInvalidation(t *testing.T) {
 	}
 }
 
-// TestServer: failover slots need 17+ and a primary; versions print as
-// PostgreSQL names them.
-func TestServer(t *testing.T) {
-	for _, c := range []struct {
-		s    Server
-		can  bool
-		text string
-	}{
-		{Server{Version: 170010}, true, "PostgreSQL 17.10 (primary)"},
-		{Server{Version: 180004, InRecovery: true}, false, "PostgreSQL 18.4 (standby)"},
-		{Server{Version: 160014}, false, "PostgreSQL 16.14 (primary)"},
-		{Server{Version: 130023}, false, "PostgreSQL 13.23 (primary)"},
-		{Server{Version: 90624}, false, "PostgreSQL 9.6.24 (primary)"},
-	} {
-		if c.s.CanFailover() != c.can || c.s.String() != c.text {
-			t.Errorf("%+v: CanFailover %v, String %q; want %v, %q", c.s, c.s.CanFailover(), c.s.String(), c.can, c.text)
-		}
-	}
-}
-
 // TestStandbySlots: synchronized_standby_slots is split as PostgreSQL
 // splits identifier lists: unquoted names fold to lower case.
 func TestStandbySlots(t *testing.T) {

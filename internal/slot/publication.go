@@ -90,7 +90,9 @@ func readTable(ctx context.Context, db *pgx.Conn, t config.Outbox) (TableFacts, 
 // ReadPublication reads the publication, the relations it publishes, and
 // how they relate to the outbox table tf. The catalog rows are read
 // through to_jsonb so that one query fits every server version
-// (pubviaroot is PostgreSQL 13+, attnames and rowfilter 15+).
+// (pubviaroot is PostgreSQL 13+, attnames and rowfilter 15+:
+// pgcaps.Caps.PublicationColumnLists; pubgencols 18+:
+// pgcaps.Caps.PublishesGenerated).
 func ReadPublication(ctx context.Context, db *pgx.Conn, name string, tf TableFacts) (PublicationFacts, error) {
 	var p PublicationFacts
 	var raw []byte
@@ -108,7 +110,7 @@ func ReadPublication(ctx context.Context, db *pgx.Conn, name string, tf TableFac
 		Delete    bool   `json:"pubdelete"`
 		Truncate  bool   `json:"pubtruncate"`
 		ViaRoot   *bool  `json:"pubviaroot"`
-		GenCols   string `json:"pubgencols"` // PostgreSQL 18: "s" stored, "n" none
+		GenCols   string `json:"pubgencols"` // PostgreSQL 18 (PublishesGenerated): "s" stored, "n" none
 	}
 	if err := json.Unmarshal(raw, &row); err != nil {
 		return p, fmt.Errorf("decode pg_publication row: %w", err)
@@ -153,8 +155,8 @@ func (p *PublicationFacts) readTables(ctx context.Context, db *pgx.Conn, name st
 			continue
 		}
 		var pt struct {
-			Columns   []string `json:"attnames"`  // PostgreSQL 15+
-			RowFilter *string  `json:"rowfilter"` // PostgreSQL 15+
+			Columns   []string `json:"attnames"`  // PostgreSQL 15+: PublicationColumnLists
+			RowFilter *string  `json:"rowfilter"` // PostgreSQL 15+: PublicationColumnLists
 		}
 		if err := json.Unmarshal(raw, &pt); err != nil {
 			return fmt.Errorf("decode pg_publication_tables row: %w", err)

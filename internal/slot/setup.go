@@ -108,7 +108,9 @@ func Inspect(ctx context.Context, db *pgx.Conn, t config.Outbox, recreateLost bo
 
 // ReadSlot reads the slot named name and its adoption marker. The columns
 // PostgreSQL added after 13 are read through to_jsonb, so one statement
-// serves every version: a missing one is NULL.
+// serves every version: a missing one is NULL (conflicting from 16,
+// pgcaps.Caps.DecodesOnStandby; failover, synced and invalidation_reason
+// from 17, pgcaps.Caps.FailoverSlots).
 func ReadSlot(ctx context.Context, db *pgx.Conn, name string) (Info, error) {
 	var info Info
 	var raw []byte
@@ -135,10 +137,10 @@ func ReadSlot(ctx context.Context, db *pgx.Conn, name string) (Info, error) {
 		ActivePID   *int    `json:"active_pid"`
 		Confirmed   *string `json:"confirmed_flush_lsn"`
 		WALStatus   *string `json:"wal_status"`          // 13+
-		Conflicting *bool   `json:"conflicting"`         // 16+
-		Reason      *string `json:"invalidation_reason"` // 17+
-		Failover    *bool   `json:"failover"`            // 17+
-		Synced      *bool   `json:"synced"`              // 17+
+		Conflicting *bool   `json:"conflicting"`         // 16+: DecodesOnStandby
+		Reason      *string `json:"invalidation_reason"` // 17+: FailoverSlots
+		Failover    *bool   `json:"failover"`            // 17+: FailoverSlots
+		Synced      *bool   `json:"synced"`              // 17+: FailoverSlots
 	}
 	if err := json.Unmarshal(raw, &row); err != nil {
 		return info, fmt.Errorf("decode pg_replication_slots row: %w", err)

@@ -97,7 +97,7 @@ type Event struct {
 // Place is where an event sits in the stream: its transaction's commit LSN
 // and its index among that transaction's outbox rows. A slot replays the
 // same rows at the same places in every session, so a place names one
-// event across sessions (publish.Resume relies on it).
+// event across sessions (publish.Carryover relies on it).
 type Place struct {
 	CommitLSN pglogrepl.LSN
 	Index     int

@@ -15,7 +15,7 @@ import (
 )
 
 // Positions records the stream's shape for the ack watermark
-// (slot.Watermark), which turns it into the position the reader confirms.
+// (progress.Watermark), which turns it into the position the reader confirms.
 type Positions interface {
 	Begin()
 	NextSeq() uint64
@@ -54,7 +54,7 @@ type ReaderConfig struct {
 	// the hard stop, ends; then send a final status update. The relay
 	// closes Settled once the publisher has every in-flight confirm (it is
 	// drained) and the janitor has marked their rows
-	// (janitor.Session.Settled).
+	// (janitor.Marks.Settled).
 	SoftStop <-chan struct{}
 	Settled  <-chan struct{}
 
@@ -215,14 +215,14 @@ func (r *Reader) Run(ctx context.Context) error {
 		}
 		r.conn.unwatch()
 	}()
-	// stopping ends with SoftStop, so a receive in progress returns at once.
-	stopping, cancel := context.WithCancel(ctx)
+	// soft ends with SoftStop, so a receive in progress returns at once.
+	soft, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
 		case <-r.cfg.SoftStop:
 			cancel()
-		case <-stopping.Done():
+		case <-soft.Done():
 		}
 	}()
 	var pending *Event // decoded, waiting for room in Out
@@ -244,7 +244,7 @@ func (r *Reader) Run(ctx context.Context) error {
 		if err := r.maybeSendStatus(false); err != nil {
 			return err
 		}
-		ev, err := r.receive(ctx, stopping)
+		ev, err := r.receive(ctx, soft)
 		if err != nil {
 			if r.stopped() {
 				return r.drain(ctx)
@@ -332,13 +332,13 @@ func (r *Reader) closeOut() {
 }
 
 // receive reads one message and returns the event it carries, if any.
-// stopping is ctx, also ended by SoftStop.
-func (r *Reader) receive(ctx, stopping context.Context) (*Event, error) {
+// soft is ctx, also ended by SoftStop.
+func (r *Reader) receive(ctx, soft context.Context) (*Event, error) {
 	if r.recv == nil || r.recv.Err() != nil {
 		if r.recvCancel != nil {
 			r.recvCancel()
 		}
-		r.recv, r.recvCancel = context.WithTimeout(stopping, progressDelay)
+		r.recv, r.recvCancel = context.WithTimeout(soft, progressDelay)
 	}
 	msg, err := r.conn.ReceiveMessage(r.recv)
 	if err != nil {

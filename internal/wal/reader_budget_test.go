@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -65,28 +66,16 @@ func (s *budgetServer) serve(t testing.TB, conn net.Conn, msgs [][]byte) {
 }
 
 // budgetConn returns a replication connection to a fake walsender that
-// streams msgs.
+// streams msgs. The two ends are a net.Pipe, in memory: inside a
+// synctest bubble its reads, writes and deadlines run on the bubble's
+// clock, so a test can wait for the reader to block instead of sleeping.
 func budgetConn(t testing.TB, msgs [][]byte) (*pgconn.PgConn, *budgetServer) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
+	client, server := net.Pipe()
+	t.Cleanup(func() { _ = server.Close() })
 	srv := &budgetServer{}
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		srv.serve(t, c, msgs)
-	}()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := pgconn.ParseConfig("postgres://u@" + ln.Addr().String() + "/db?sslmode=disable")
+	go srv.serve(t, server, msgs)
+	cfg, err := pgconn.ParseConfig("postgres://u@127.0.0.1:5432/db?sslmode=disable")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,8 +110,15 @@ func budgetReader(conn *pgconn.PgConn, sem *semaphore.Weighted, budget int64, ou
 // reader sends no more decoded bytes into Out than the budget allows
 // (whatever room Out has) and keeps sending status updates while it waits;
 // as the consumer gives bytes back, every event comes through, and the
-// bytes sent and not given back never exceed the budget.
+// bytes sent and not given back never exceed the budget. It runs in a
+// synctest bubble: the 1.5 s wait is on the bubble's clock, and
+// synctest.Wait returns once the reader is blocked, so the count held is
+// the reader's last word, not a guess at how far a loaded machine got.
 func TestReaderHoldsNoMoreThanTheBudget(t *testing.T) {
+	synctest.Test(t, readerHoldsNoMoreThanTheBudget)
+}
+
+func readerHoldsNoMoreThanTheBudget(t *testing.T) {
 	const (
 		events  = 40
 		payload = 10 << 10
@@ -149,6 +145,7 @@ func TestReaderHoldsNoMoreThanTheBudget(t *testing.T) {
 
 	// Nobody takes events: the reader must stop at the budget.
 	time.Sleep(1500 * time.Millisecond)
+	synctest.Wait()
 	weight := int64(0)
 	held := len(out)
 	for range held {
@@ -195,8 +192,14 @@ func TestReaderHoldsNoMoreThanTheBudget(t *testing.T) {
 }
 
 // TestReaderBudgetBigEvent: an event larger than the whole budget takes
-// all of it and goes alone.
+// all of it and goes alone. Each "nothing else was sent" window is on a
+// synctest bubble's clock and counts only once the reader is seen to have
+// lived through it: status updates kept coming while it waited.
 func TestReaderBudgetBigEvent(t *testing.T) {
+	synctest.Test(t, readerBudgetBigEvent)
+}
+
+func readerBudgetBigEvent(t *testing.T) {
 	const budget = 4 << 10
 	big := `"` + strings.Repeat("b", 3*budget) + `"`
 	msgs := [][]byte{encRelation(1, "public", "event_outbox", "id", "routing_key", "payload"), encBegin(100, 7),
@@ -204,7 +207,7 @@ func TestReaderBudgetBigEvent(t *testing.T) {
 		encInsert(1, s("big"), s("k"), s(big)),
 		encInsert(1, s("small-2"), s("k"), s(`{}`)),
 		encCommit(100, 101)}
-	conn, _ := budgetConn(t, msgs)
+	conn, srv := budgetConn(t, msgs)
 	sem := semaphore.NewWeighted(budget)
 	out := make(chan Event, 16)
 	stop := make(chan struct{})
@@ -225,7 +228,7 @@ func TestReaderBudgetBigEvent(t *testing.T) {
 		}
 	}
 	first := next()
-	time.Sleep(500 * time.Millisecond)
+	waitWindow(t, srv)
 	if len(out) != 0 {
 		t.Fatalf("the big event was sent while %s still held bytes", first.ID)
 	}
@@ -234,12 +237,27 @@ func TestReaderBudgetBigEvent(t *testing.T) {
 	if bigEv.ID != "big" || bigEv.Weight(budget) != budget {
 		t.Fatalf("got %s weighing %d", bigEv.ID, bigEv.Weight(budget))
 	}
-	time.Sleep(500 * time.Millisecond)
+	waitWindow(t, srv)
 	if len(out) != 0 {
 		t.Fatal("an event was sent alongside the one that took the whole budget")
 	}
 	sem.Release(budget)
 	if ev := next(); ev.ID != "small-2" {
 		t.Fatalf("got %s", ev.ID)
+	}
+}
+
+// waitWindow lets 500 ms of the bubble's clock pass and waits for the
+// reader to block, then fails unless the reader sent a status update after
+// each of its two 200 ms turns of waiting for budget (progressDelay): the
+// evidence that it ran through the window a "nothing was sent" check is
+// about.
+func waitWindow(t *testing.T, srv *budgetServer) {
+	t.Helper()
+	before := srv.statuses.Load()
+	time.Sleep(500 * time.Millisecond)
+	synctest.Wait()
+	if n := srv.statuses.Load() - before; n < 2 {
+		t.Fatalf("%d status updates in a 500ms window (one per 200ms turn of waiting): the reader did not run through it", n)
 	}
 }

@@ -81,12 +81,12 @@ func (r *Reader) drain(ctx context.Context) error {
 	}
 }
 
-// Confirm reports the current position once more, after Run has returned
+// ReportPosition reports the current position to the server once more, after Run has returned
 // (the caller owns the connection again): a session that the broker side
 // ended leaves a healthy replication connection, and the marks written
 // while it wound down may have moved the position since the last update.
 // It sends nothing when the position has not moved.
-func (r *Reader) Confirm() error {
+func (r *Reader) ReportPosition() error {
 	pos := r.cfg.Positions.Position()
 	if pos <= r.sent {
 		return nil

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/cdcrelay/cdcrelay/internal/publish"
+	"github.com/cdcrelay/cdcrelay/inbox"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
@@ -88,18 +88,20 @@ type Position struct {
 	Index int64
 }
 
-// PositionOf reads d's position from its headers.
+// PositionOf reads d's position from its headers the way a consumer does
+// (inbox.PositionOf: one reading of the wire contract for the relay, its
+// tests and its consumers), and insists on the relay's own encoding of the
+// index, a long-long.
 func PositionOf(d testenv.Delivery) (Position, error) {
-	lsnText, _ := d.Headers[publish.HeaderCommitLSN].(string)
-	lsn, err := pglogrepl.ParseLSN(lsnText)
-	if err != nil {
-		return Position{}, fmt.Errorf("commit LSN header %v: %w", d.Headers[publish.HeaderCommitLSN], err)
+	p := inbox.PositionOf(d.Headers)
+	if !p.Valid {
+		return Position{}, fmt.Errorf("no valid commit LSN and index in %s %v, %s %#v",
+			inbox.HeaderCommitLSN, d.Headers[inbox.HeaderCommitLSN], inbox.HeaderTxIndex, d.Headers[inbox.HeaderTxIndex])
 	}
-	index, ok := d.Headers[publish.HeaderTxIndex].(int64)
-	if !ok {
-		return Position{}, fmt.Errorf("index header %#v", d.Headers[publish.HeaderTxIndex])
+	if _, ok := d.Headers[inbox.HeaderTxIndex].(int64); !ok {
+		return Position{}, fmt.Errorf("index header %#v, want an int64", d.Headers[inbox.HeaderTxIndex])
 	}
-	return Position{lsn, index}, nil
+	return Position{pglogrepl.LSN(p.CommitLSN), p.TxIndex}, nil
 }
 
 // CommitLSN is the commit LSN header of id's first delivery to c: a slot
@@ -112,12 +114,11 @@ func CommitLSN(t testing.TB, c *testenv.Consumer, id string) pglogrepl.LSN {
 		if d.MessageID != id {
 			continue
 		}
-		text, _ := d.Headers[publish.HeaderCommitLSN].(string)
-		lsn, err := pglogrepl.ParseLSN(text)
+		p, err := PositionOf(d)
 		if err != nil {
-			t.Fatalf("commit LSN header of %s: %v", id, err)
+			t.Fatalf("delivery of %s: %v", id, err)
 		}
-		return lsn
+		return p.LSN
 	}
 	t.Fatalf("event %s not delivered", id)
 	return 0

@@ -1,6 +1,7 @@
-// Package slot holds the replication slot's lifecycle and the acknowledged
-// position that moves it: the contiguous ack watermark.
-package slot
+// Package progress records how far a session's events are done: the
+// contiguous watermark that turns the broker's confirms, once their rows
+// are marked, into the position the replication slot may move to.
+package progress
 
 import (
 	"sync"
@@ -13,7 +14,7 @@ import (
 // Watermark ties broker confirms to the slot position. The WAL reader
 // records, in stream order, each event (NextSeq), each transaction
 // boundary (Begin, Commit) and each idle keepalive (Keepalive); the
-// janitor's session acks events (AckAt) in any order, once the broker has
+// janitor's session marks events done (MarkDone) in any order, once the broker has
 // confirmed them and their rows are marked (invariant 10, docs/architecture.md). Position
 // returns the end LSN of the newest transaction whose events, and all
 // events before them, are acknowledged.
@@ -36,7 +37,7 @@ type Watermark struct {
 	open       bool              // a Begin has been seen without its Commit
 	position   pglogrepl.LSN
 	// done is the place of the newest event of the acked prefix that was
-	// acked with its place (AckAt): it and every event before it are done.
+	// done with its place (MarkDone): it and every event before it are done.
 	done placed
 }
 
@@ -109,12 +110,12 @@ func (w *Watermark) addBoundary(lsn pglogrepl.LSN) {
 	w.release()
 }
 
-// Ack records the broker's confirm of event seq. Acks may arrive in any order.
-func (w *Watermark) Ack(seq uint64) { w.ack(seq, placed{}) }
-
-// AckAt is Ack for an event whose place in the stream and id are known:
-// Done then reports the newest such event of the acked prefix.
-func (w *Watermark) AckAt(seq uint64, at wal.Place, id string) {
+// MarkDone records that event seq is done: the broker acknowledged it and
+// its row is marked, parked or gone (the janitor's Marks call it, invariant
+// 10, docs/architecture.md). Events may be done in any order; at and id
+// are its place in the stream and its id, which Done then reports for the
+// newest event of the done prefix.
+func (w *Watermark) MarkDone(seq uint64, at wal.Place, id string) {
 	w.ack(seq, placed{at: at, id: id, set: true})
 }
 
@@ -139,10 +140,10 @@ func (w *Watermark) ack(seq uint64, p placed) {
 	w.release()
 }
 
-// Done returns the place and id of the newest event, acked with AckAt,
+// Done returns the place and id of the newest event, done with MarkDone,
 // such that it and every event recorded before it are acked; ok is false
 // when there is none yet. Unlike Position it can stand inside a
-// transaction: the next session skips what it names (publish.Resume).
+// transaction: the next session skips what it names (publish.Carryover).
 func (w *Watermark) Done() (at wal.Place, id string, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -155,10 +156,10 @@ type Acked struct {
 	ID string
 }
 
-// DoneAhead lists the events acked with AckAt past the acked prefix: done
+// DoneAhead lists the events done with MarkDone past the acked prefix: done
 // although an event before them is not (it went out on another publishing
 // channel and was refused, or its confirm never came). The next session
-// skips them too (publish.Resume.DoneAhead).
+// skips them too (publish.Carryover.DoneAhead).
 func (w *Watermark) DoneAhead() []Acked {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -7,23 +7,28 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cdcrelay/cdcrelay/internal/progress"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
-	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
-// Session is the publisher's Acker for one streaming session or one
+// Marks is the publisher's Acker for one streaming session or one
 // adoption: it hands each acknowledged or parked event to the janitor and,
 // once the event's row is marked, parked or found gone, acks the session's
 // watermark. So the slot never passes a row that is not marked (invariant
 // 10, docs/architecture.md).
 //
-// Concurrency: Ack, Parked and Resumed run on the publisher's confirm
-// loops, also after the session ended (the publisher hands over the
-// confirms it had received: publish's handOver); Ending runs on any
-// goroutine; the janitor's Run goroutine settles the events (settle);
-// Wait may run anywhere. mu guards open and idle. A settle arriving after
+// Concurrency: Ack and Resumed run on the publisher's confirm loops, also
+// after the session ended (the publisher hands over the confirms it had
+// received: publish's handOver). Parked runs there too (a return, a nack,
+// a dead-letter copy's fate) and on the publish loops: Publisher.poison
+// parks an event the library or the broker refused before it was sent.
+// Ack and Parked may block their caller, whichever loop it is, while the
+// janitor's queue is full (maxParked parked events, or MaxPending marks),
+// until room comes or handCtx ends. Ending runs on any goroutine; the
+// janitor's Run goroutine settles the events (markDone); Wait may run
+// anywhere. mu guards open and idle. A markDone arriving after
 // the session ended moves only that session's own, discarded watermark.
-type Session struct {
+type Marks struct {
 	j *Janitor
 	// ctx is the session's. Ack has no ctx parameter (publish.Acker).
 	ctx context.Context //nolint:containedctx // see above
@@ -38,7 +43,7 @@ type Session struct {
 	handCtx   context.Context //nolint:containedctx // see above
 	endHand   context.CancelFunc
 	ending    sync.Once
-	watermark *slot.Watermark
+	watermark *progress.Watermark
 	progress  []interface{ Inc() } // each counts every confirm (an adoption's progress)
 
 	mu   sync.Mutex
@@ -46,14 +51,14 @@ type Session struct {
 	idle chan struct{} // closed whenever open is zero; a fresh one while it is not
 }
 
-// Session starts a session whose events move watermark. ctx bounds the
+// Marks starts a session whose events move watermark. ctx bounds the
 // waits for room in the janitor's queue; progress counters are
 // incremented at each confirm.
-func (j *Janitor) Session(ctx context.Context, watermark *slot.Watermark, progress ...interface{ Inc() }) *Session {
+func (j *Janitor) Marks(ctx context.Context, watermark *progress.Watermark, progress ...interface{ Inc() }) *Marks {
 	idle := make(chan struct{})
 	close(idle)
 	handCtx, endHand := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Session{j: j, ctx: ctx, handCtx: handCtx, endHand: endHand, watermark: watermark, progress: progress, idle: idle}
+	s := &Marks{j: j, ctx: ctx, handCtx: handCtx, endHand: endHand, watermark: watermark, progress: progress, idle: idle}
 	context.AfterFunc(ctx, func() {
 		if errors.Is(context.Cause(ctx), context.Canceled) {
 			endHand()
@@ -77,29 +82,29 @@ const handOffGrace = 2 * time.Second
 // on are the confirms it had received, and a hand-off waits for room at
 // most handOffGrace more. Safe to call more than once, from any
 // goroutine; the session's own end (ctx) calls it too.
-func (s *Session) Ending() {
+func (s *Marks) Ending() {
 	s.ending.Do(func() { time.AfterFunc(handOffGrace, s.endHand) })
 }
 
 // Ack queues an acknowledged event's row to be marked published_at.
-func (s *Session) Ack(ev publish.Ref) {
+func (s *Marks) Ack(ev publish.Ref) {
 	s.hand(ev, func(done func()) error { return s.j.mark(s.handCtx, ev.ID, ev.Xid, done) })
 }
 
 // Parked queues a poison event to be recorded on its row; it was never
 // published as is.
-func (s *Session) Parked(ev publish.Ref, reason string) {
+func (s *Marks) Parked(ev publish.Ref, reason string) {
 	s.hand(ev, func(done func()) error { return s.j.park(s.handCtx, ev.ID, ev.Xid, reason, done) })
 }
 
 // Resumed moves the watermark past an event an earlier session had acked
-// and marked (publish.Resume): its row needs nothing more.
-func (s *Session) Resumed(ev publish.Ref) {
+// and marked (publish.Carryover): its row needs nothing more.
+func (s *Marks) Resumed(ev publish.Ref) {
 	s.count()
-	s.watermark.AckAt(ev.Seq, ev.At, ev.ID)
+	s.watermark.MarkDone(ev.Seq, ev.At, ev.ID)
 }
 
-func (s *Session) count() {
+func (s *Marks) count() {
 	for _, c := range s.progress {
 		c.Inc()
 	}
@@ -109,13 +114,13 @@ func (s *Session) count() {
 // Run when the row is settled (once; a second call does nothing). A give
 // refused because no room came before handCtx ended leaves the slot
 // before ev (invariant 10): the next session publishes ev again.
-func (s *Session) hand(ev publish.Ref, give func(done func()) error) {
+func (s *Marks) hand(ev publish.Ref, give func(done func()) error) {
 	s.count()
 	s.opened(1)
 	var settled atomic.Bool // a repeated call must not settle twice
 	done := func() {
 		if settled.CompareAndSwap(false, true) {
-			s.settle(ev)
+			s.markDone(ev)
 		}
 	}
 	if give(done) != nil {
@@ -123,15 +128,15 @@ func (s *Session) hand(ev publish.Ref, give func(done func()) error) {
 	}
 }
 
-// settle acks the watermark for a settled event.
-func (s *Session) settle(ev publish.Ref) {
-	s.watermark.AckAt(ev.Seq, ev.At, ev.ID)
+// markDone moves the watermark past a settled event (progress.Watermark.MarkDone).
+func (s *Marks) markDone(ev publish.Ref) {
+	s.watermark.MarkDone(ev.Seq, ev.At, ev.ID)
 	s.opened(-1)
 }
 
 // opened adds delta to the open events, closing idle when none is left
 // and arming a fresh one when the first opens.
-func (s *Session) opened(delta int) {
+func (s *Marks) opened(delta int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	was := s.open
@@ -148,7 +153,7 @@ func (s *Session) opened(delta int) {
 // settled, or ctx's error. Meanwhile the janitor writes at once instead
 // of at its interval (hurry): a graceful stop's final status update then
 // includes the marks of everything the broker acknowledged.
-func (s *Session) Wait(ctx context.Context) error {
+func (s *Marks) Wait(ctx context.Context) error {
 	s.mu.Lock()
 	idle := s.idle
 	s.mu.Unlock()
@@ -169,7 +174,7 @@ func (s *Session) Wait(ctx context.Context) error {
 // Settled returns a channel closed once after is closed and then every
 // event is settled (Wait); it is never closed if the session's context
 // ends first. The reader's drain waits for it (wal.ReaderConfig.Settled).
-func (s *Session) Settled(after <-chan struct{}) <-chan struct{} {
+func (s *Marks) Settled(after <-chan struct{}) <-chan struct{} {
 	out := make(chan struct{})
 	go func() {
 		select {
@@ -185,7 +190,7 @@ func (s *Session) Settled(after <-chan struct{}) <-chan struct{} {
 }
 
 // hurryPause is the pause between two writes while a session waits for
-// its last marks: rows whose transaction is not yet visible (settleMarked)
+// its last marks: rows whose transaction is not yet visible (splitMarked)
 // are asked for again after it rather than in a tight loop.
 const hurryPause = 10 * time.Millisecond
 

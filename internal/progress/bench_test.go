@@ -1,4 +1,4 @@
-package slot
+package progress
 
 import (
 	"testing"
@@ -25,7 +25,7 @@ func BenchmarkWatermark(b *testing.B) {
 			seq := w.NextSeq()
 			lsn += 0x100
 			w.Commit(lsn)
-			w.Ack(seq)
+			w.ack(seq, placed{})
 			_ = w.Position()
 		}
 	})
@@ -44,7 +44,7 @@ func BenchmarkWatermark(b *testing.B) {
 				lsn += 0x1000
 				w.Commit(lsn)
 				for _, s := range seqs {
-					w.Ack(s)
+					w.ack(s, placed{})
 				}
 				_ = w.Position()
 			}
@@ -63,7 +63,7 @@ func BenchmarkWatermark(b *testing.B) {
 			w.Commit(lsn)
 			if len(seqs) == window {
 				for i := len(seqs) - 1; i >= 0; i-- {
-					w.Ack(seqs[i])
+					w.ack(seqs[i], placed{})
 				}
 				_ = w.Position()
 				seqs = seqs[:0]

@@ -11,15 +11,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/progress"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
-	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
 // oneTxn is a watermark at 100 with one transaction of two events ending
 // at 200.
-func oneTxn() (*slot.Watermark, uint64, uint64) {
-	w := slot.NewWatermark(100)
+func oneTxn() (*progress.Watermark, uint64, uint64) {
+	w := progress.NewWatermark(100)
 	w.Begin()
 	a, b := w.NextSeq(), w.NextSeq()
 	w.Commit(200)
@@ -46,7 +46,7 @@ func settleParked(j *Janitor, i int) {
 	done()
 }
 
-func openEvents(s *Session) int {
+func openEvents(s *Marks) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.open
@@ -58,7 +58,7 @@ func openEvents(s *Session) int {
 func TestSessionWaitsForMarks(t *testing.T) {
 	w, s0, s1 := oneTxn()
 	j := newTest(10)
-	s := j.Session(context.Background(), w)
+	s := j.Marks(context.Background(), w)
 	s.Ack(ref(s0, "a"))
 	s.Parked(ref(s1, "b"), "poison")
 	if got := w.Position(); got != 100 {
@@ -86,7 +86,7 @@ func TestSessionRefusedMark(t *testing.T) {
 	j := fullJanitor(t)
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
-	s := j.Session(ended, w)
+	s := j.Marks(ended, w)
 	s.Ack(ref(s0, "a"))
 	if w.Position() != 100 || openEvents(s) != 0 {
 		t.Fatalf("position %s, %d open", w.Position(), openEvents(s))
@@ -104,7 +104,7 @@ func fullJanitor(t *testing.T) *Janitor {
 // makeRoom does what a flush does once it has written the oldest mark.
 func makeRoom(j *Janitor) {
 	batch := j.take(1)
-	j.settle(len(batch), nil, nil)
+	j.requeue(len(batch), nil, nil)
 }
 
 func queued(j *Janitor, id string) bool {
@@ -128,7 +128,7 @@ func TestSessionHandOffAfterFailure(t *testing.T) {
 	j := fullJanitor(t)
 	failed, fail := context.WithCancelCause(context.Background())
 	fail(errors.New("channel closed by the broker: 404"))
-	s := j.Session(failed, w)
+	s := j.Marks(failed, w)
 	handed := make(chan struct{})
 	go func() { defer close(handed); s.Ack(ref(s0, "a")) }()
 	select {
@@ -155,7 +155,7 @@ func TestSessionHandOffAfterFailure(t *testing.T) {
 func TestSessionHandOffBounded(t *testing.T) {
 	w, s0, _ := oneTxn()
 	j := fullJanitor(t)
-	s := j.Session(context.Background(), w)
+	s := j.Marks(context.Background(), w)
 	s.Ending()
 	s.Ending() // a second call changes nothing
 	began := time.Now()
@@ -179,9 +179,9 @@ func TestSessionHandOffBounded(t *testing.T) {
 func TestSessionLateSettleOfEndedSession(t *testing.T) {
 	j := newTest(10)
 	old, s0, _ := oneTxn()
-	j.Session(context.Background(), old).Ack(ref(s0, "a"))
+	j.Marks(context.Background(), old).Ack(ref(s0, "a"))
 	next, n0, _ := oneTxn() // the next session starts at the slot's position again
-	j.Session(context.Background(), next).Ack(ref(n0, "a"))
+	j.Marks(context.Background(), next).Ack(ref(n0, "a"))
 	settleMark(j, 0) // the old session's mark, written late
 	if got := next.Position(); got != 100 {
 		t.Fatalf("a late mark of an ended session moved the new watermark to %s", got)
@@ -194,7 +194,7 @@ func TestSessionLateSettleOfEndedSession(t *testing.T) {
 func TestSessionSettled(t *testing.T) {
 	w, s0, _ := oneTxn()
 	j := newTest(10)
-	s := j.Session(context.Background(), w)
+	s := j.Marks(context.Background(), w)
 	s.Ack(ref(s0, "a"))
 	drained := make(chan struct{})
 	settled := s.Settled(drained)
@@ -224,7 +224,7 @@ func TestSessionSettled(t *testing.T) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	b := j.Session(ctx, w)
+	b := j.Marks(ctx, w)
 	b.Ack(ref(s0, "again"))
 	go cancel()
 	if err := b.Wait(ctx); !errors.Is(err, context.Canceled) {
@@ -263,7 +263,7 @@ func TestIntegrationSessionWaitHurries(t *testing.T) {
 	defer func() { stop(); <-ran }()
 
 	w, s0, s1 := oneTxn()
-	s := j.Session(ctx, w)
+	s := j.Marks(ctx, w)
 	s.Ack(ref(s0, "a"))
 	lateRef := ref(s1, "late")
 	lateRef.Xid = xid

@@ -19,7 +19,7 @@ func evAt(id string, p wal.Place) *wal.Event {
 // TestResumeJudge: what a session does with each event, given what the
 // sessions before it left.
 func TestResumeJudge(t *testing.T) {
-	r := &Resume{}
+	r := &Carryover{}
 	if v := r.judge(evAt("a", at(100, 0))); v != publishFast {
 		t.Fatalf("nothing remembered: %v, want publishFast", v)
 	}
@@ -87,11 +87,11 @@ func TestResumeJudge(t *testing.T) {
 	if v := r.judge(evAt("j", at(500, 0))); v != publishFast {
 		t.Fatalf("after Forget: %v, want publishFast", v)
 	}
-	var none *Resume
+	var none *Carryover
 	none.Done(at(1, 1), "x")
 	none.Failed(at(1, 1), true, true)
 	if v := none.judge(evAt("x", at(1, 1))); v != publishFast {
-		t.Fatalf("nil Resume: %v, want publishFast", v)
+		t.Fatalf("nil Carryover: %v, want publishFast", v)
 	}
 }
 
@@ -101,7 +101,7 @@ func TestResumeJudge(t *testing.T) {
 // slot) withdraws it, since its place is the old stream's, and keeps the
 // broker's limit.
 func TestResumeStallAndLimit(t *testing.T) {
-	r := &Resume{}
+	r := &Carryover{}
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, "")
 	r.stall(Stall{ID: "s", Exchange: "events", RoutingKey: "nowhere", Cause: CauseNoRoute, At: at(100, 3)}, m)
@@ -173,7 +173,7 @@ func TestResumeAnchor(t *testing.T) {
 		{"another system", "system 2, timeline 1, started t0", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := &Resume{}
+			r := &Carryover{}
 			if r.Anchor("system 1, timeline 1, started t0") {
 				t.Fatal("the first Anchor forgot something: there was nothing")
 			}
@@ -213,7 +213,7 @@ func TestResumeAnchor(t *testing.T) {
 // stalled row) are skipped, unless the stream holds another event there;
 // Through passing them prunes them.
 func TestResumeDoneAhead(t *testing.T) {
-	r := &Resume{}
+	r := &Carryover{}
 	r.Done(at(100, 0), "a")
 	r.DoneAhead(at(100, 2), "c")
 	r.DoneAhead(at(90, 0), "old") // behind through: nothing to remember
@@ -229,7 +229,7 @@ func TestResumeDoneAhead(t *testing.T) {
 	if v := r.judge(evAt("c", at(100, 2))); v == skipDone {
 		t.Fatal("after a mismatch, a place done ahead is still trusted")
 	}
-	r = &Resume{}
+	r = &Carryover{}
 	r.DoneAhead(at(100, 2), "c")
 	r.Done(at(100, 3), "d")
 	r.mu.Lock()
@@ -245,7 +245,7 @@ func TestResumeDoneAhead(t *testing.T) {
 func TestResumeLimitIsABelief(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, "")
-	r := &Resume{}
+	r := &Carryover{}
 	if r.aboveLimit(10 << 20) {
 		t.Fatal("no limit learned, yet a message is above it")
 	}
@@ -259,8 +259,8 @@ func TestResumeLimitIsABelief(t *testing.T) {
 	if !r.accepted(2<<20, m) || r.BrokerLimit() != 0 || r.aboveLimit(2<<20) {
 		t.Fatalf("the broker accepted 2 MiB above a 1 MiB limit, and the limit is still %d", r.BrokerLimit())
 	}
-	var none *Resume
+	var none *Carryover
 	if none.aboveLimit(1) || none.accepted(1, m) {
-		t.Fatal("a nil Resume knows a limit")
+		t.Fatal("a nil Carryover knows a limit")
 	}
 }

@@ -1,4 +1,4 @@
-package slot
+package progress
 
 import (
 	"math/rand/v2"
@@ -90,7 +90,7 @@ func TestWatermark(t *testing.T) {
 				case 'k':
 					w.Keepalive(pglogrepl.LSN(o.arg))
 				case 'a':
-					w.Ack(o.arg)
+					w.ack(o.arg, placed{})
 				}
 				if got := w.Position(); got != tt.want[i] {
 					t.Fatalf("after op %d (%c %d): position %d, want %d", i, o.kind, o.arg, got, tt.want[i])
@@ -127,7 +127,7 @@ func TestWatermarkRandomAckOrder(t *testing.T) {
 		acked := make([]bool, total)
 		var prev pglogrepl.LSN
 		for _, seq := range rng.Perm(int(total)) {
-			w.Ack(uint64(seq))
+			w.ack(uint64(seq), placed{})
 			acked[seq] = true
 			contiguous := uint64(0)
 			for contiguous < total && acked[contiguous] {
@@ -171,7 +171,7 @@ func TestWatermarkBoundedMarks(t *testing.T) {
 	if n := len(w.boundaries); n != 1 {
 		t.Fatalf("keepalives behind one in-flight event left %d marks, want 1 (all share one sequence number)", n)
 	}
-	w.Ack(0)
+	w.ack(0, placed{})
 	if got := w.Position(); got != 20+9999 {
 		t.Fatalf("position %d, want %d", got, 20+9999)
 	}
@@ -188,19 +188,19 @@ func TestWatermarkDone(t *testing.T) {
 	w.Begin()
 	seqs := []uint64{w.NextSeq(), w.NextSeq(), w.NextSeq(), w.NextSeq()}
 	place := func(i int) wal.Place { return wal.Place{CommitLSN: 150, Index: i} }
-	w.AckAt(seqs[1], place(1), "b") // behind a gap: not done yet
+	w.MarkDone(seqs[1], place(1), "b") // behind a gap: not done yet
 	if _, _, ok := w.Done(); ok {
 		t.Fatal("Done with event 0 unacked")
 	}
-	w.AckAt(seqs[0], place(0), "a")
+	w.MarkDone(seqs[0], place(0), "a")
 	if at, id, ok := w.Done(); !ok || at != place(1) || id != "b" {
 		t.Fatalf("Done = %v %q %v, want %v b", at, id, ok, place(1))
 	}
-	w.Ack(seqs[2]) // acked without a place: the prefix grows, Done stays at b
+	w.ack(seqs[2], placed{}) // acked without a place: the prefix grows, Done stays at b
 	if at, _, _ := w.Done(); at != place(1) {
 		t.Fatalf("Done = %v after a placeless ack, want %v", at, place(1))
 	}
-	w.AckAt(seqs[3], place(3), "d")
+	w.MarkDone(seqs[3], place(3), "d")
 	if at, id, _ := w.Done(); at != place(3) || id != "d" {
 		t.Fatalf("Done = %v %q, want %v d", at, id, place(3))
 	}

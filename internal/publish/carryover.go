@@ -16,7 +16,7 @@ const carefulFor = 10 * time.Second
 // maxNoCopy bounds the dead-letter copies remembered as refused.
 const maxNoCopy = 1024
 
-// Resume is what one session leaves the next, so that a broker that
+// Carryover is what one session leaves the next, so that a broker that
 // refuses some messages cannot make the relay republish the same events
 // session after session (invariant 11, docs/architecture.md). The relay keeps
 // one for its life; each session's publisher consults it. It holds no
@@ -50,9 +50,9 @@ const maxNoCopy = 1024
 // (adoption) drops them too (Forget). What is about the broker, not the
 // stream (the careful window's deadline after a refusal, the learned size
 // limit) is kept. docs/architecture.md, "What the relay remembers", lists
-// each piece and what drops it. Safe for concurrent use; a nil *Resume
+// each piece and what drops it. Safe for concurrent use; a nil *Carryover
 // remembers nothing.
-type Resume struct {
+type Carryover struct {
 	mu       sync.Mutex
 	stream   string // the stream the places belong to (Anchor); "": not named yet
 	through  wal.Place
@@ -80,7 +80,7 @@ const maxAhead = 1 << 16
 
 // Done records that the event at at (with id) and every streamed event
 // before it are acknowledged and marked. through never moves back.
-func (r *Resume) Done(at wal.Place, id string) {
+func (r *Carryover) Done(at wal.Place, id string) {
 	if r == nil {
 		return
 	}
@@ -104,7 +104,7 @@ func (r *Resume) Done(at wal.Place, id string) {
 // DoneAhead records that the event at at (with id) is acknowledged and
 // marked although an earlier one is not (it went out on another
 // publishing channel): the next session skips it too.
-func (r *Resume) DoneAhead(at wal.Place, id string) {
+func (r *Carryover) DoneAhead(at wal.Place, id string) {
 	if r == nil {
 		return
 	}
@@ -128,7 +128,7 @@ func (r *Resume) DoneAhead(at wal.Place, id string) {
 // of events its old primary had and it never received, and a crash may
 // have undone marks committed asynchronously; skipping by an old place
 // would skip events that exist (invariant 11, docs/architecture.md).
-func (r *Resume) Anchor(stream string) (forgot bool) {
+func (r *Carryover) Anchor(stream string) (forgot bool) {
 	if r == nil {
 		return false
 	}
@@ -144,7 +144,7 @@ func (r *Resume) Anchor(stream string) (forgot bool) {
 
 // Progress counts the moves of Done: a session that moved it made progress
 // however it ended.
-func (r *Resume) Progress() uint64 {
+func (r *Carryover) Progress() uint64 {
 	if r == nil {
 		return 0
 	}
@@ -156,7 +156,7 @@ func (r *Resume) Progress() uint64 {
 // Failed records how a session ended: last is the place of the newest
 // streamed event it published (ok false: none), refused whether the broker
 // ended it by refusing a message rather than by a transport failure.
-func (r *Resume) Failed(last wal.Place, ok, refused bool) {
+func (r *Carryover) Failed(last wal.Place, ok, refused bool) {
 	if r == nil {
 		return
 	}
@@ -170,7 +170,7 @@ func (r *Resume) Failed(last wal.Place, ok, refused bool) {
 
 // Begin starts a session: after a refusal it publishes one message at a
 // time for carefulFor.
-func (r *Resume) Begin(now time.Time) {
+func (r *Carryover) Begin(now time.Time) {
 	if r == nil {
 		return
 	}
@@ -187,7 +187,7 @@ func (r *Resume) Begin(now time.Time) {
 // broker's limit are about the broker, not the stream: a refusal during an
 // adoption still makes the next one publish the backlog one message at a
 // time, so that the refusal names its row.
-func (r *Resume) Forget() {
+func (r *Carryover) Forget() {
 	if r == nil {
 		return
 	}
@@ -199,7 +199,7 @@ func (r *Resume) Forget() {
 // forgetPlaces drops what names a place in the stream, the stall's row
 // included (it is named again if the new stream stalls on it). Caller
 // holds mu.
-func (r *Resume) forgetPlaces() {
+func (r *Carryover) forgetPlaces() {
 	r.through, r.id, r.set = wal.Place{}, "", false
 	r.ahead = nil
 	r.careful = wal.Place{}
@@ -220,7 +220,7 @@ const (
 // judge says what to do with ev. A backfilled event is never skipped (a
 // new slot's snapshot holds only rows not yet marked), and goes alone only
 // for carefulFor after a refusal: its place is the new slot's.
-func (r *Resume) judge(ev *wal.Event) verdict {
+func (r *Carryover) judge(ev *wal.Event) verdict {
 	if r == nil {
 		return publishFast
 	}
@@ -257,7 +257,7 @@ func (r *Resume) judge(ev *wal.Event) verdict {
 
 // refuseCopy remembers that the dead-letter copy of the event at at was
 // refused, so a later session parks it without a copy.
-func (r *Resume) refuseCopy(at wal.Place) {
+func (r *Carryover) refuseCopy(at wal.Place) {
 	if r == nil {
 		return
 	}
@@ -271,7 +271,7 @@ func (r *Resume) refuseCopy(at wal.Place) {
 
 // copyRefused reports whether the dead-letter copy of the event at at was
 // refused before.
-func (r *Resume) copyRefused(at wal.Place) bool {
+func (r *Carryover) copyRefused(at wal.Place) bool {
 	if r == nil {
 		return false
 	}
@@ -295,7 +295,7 @@ const (
 )
 
 // stall records the row the stream is stalled on, and exports it.
-func (r *Resume) stall(s Stall, m *Metrics) {
+func (r *Carryover) stall(s Stall, m *Metrics) {
 	if r == nil {
 		return
 	}
@@ -317,7 +317,7 @@ func (r *Resume) stall(s Stall, m *Metrics) {
 // the stalled row are acknowledged, or skipped as done ahead, at the start
 // of every retry while the row still stalls. Done ends the stall too, once
 // the contiguous watermark passes it.
-func (r *Resume) unstall(at wal.Place, m *Metrics) {
+func (r *Carryover) unstall(at wal.Place, m *Metrics) {
 	if r == nil {
 		return
 	}
@@ -330,7 +330,7 @@ func (r *Resume) unstall(at wal.Place, m *Metrics) {
 }
 
 // dropStall withdraws the exported stall. Caller holds mu.
-func (r *Resume) dropStall() {
+func (r *Carryover) dropStall() {
 	if r.stalled == nil {
 		return
 	}
@@ -339,7 +339,7 @@ func (r *Resume) dropStall() {
 }
 
 // Stalled returns the row the stream is stalled on, if any.
-func (r *Resume) Stalled() (Stall, bool) {
+func (r *Carryover) Stalled() (Stall, bool) {
 	if r == nil {
 		return Stall{}, false
 	}
@@ -353,7 +353,7 @@ func (r *Resume) Stalled() (Stall, bool) {
 
 // BrokerLimit is the broker's max_message_size as learned from a refusal,
 // 0 while unknown (or since the broker accepted a message above it).
-func (r *Resume) BrokerLimit() int64 {
+func (r *Carryover) BrokerLimit() int64 {
 	if r == nil {
 		return 0
 	}
@@ -363,7 +363,7 @@ func (r *Resume) BrokerLimit() int64 {
 }
 
 // learnLimit records the broker's max_message_size.
-func (r *Resume) learnLimit(limit int64, m *Metrics) {
+func (r *Carryover) learnLimit(limit int64, m *Metrics) {
 	if r == nil || limit <= 0 {
 		return
 	}
@@ -376,7 +376,7 @@ func (r *Resume) learnLimit(limit int64, m *Metrics) {
 // aboveLimit reports whether a message body of size bytes is above the
 // broker's learned limit: it then goes out alone, so that a refusal names
 // it, instead of being parked unsent by a belief that may be stale.
-func (r *Resume) aboveLimit(size int64) bool {
+func (r *Carryover) aboveLimit(size int64) bool {
 	if r == nil {
 		return false
 	}
@@ -388,7 +388,7 @@ func (r *Resume) aboveLimit(size int64) bool {
 // accepted records that the broker accepted a message body of size bytes:
 // a learned limit below it is stale (the operator raised it, or this
 // node's is larger), and is dropped. It reports whether it was.
-func (r *Resume) accepted(size int64, m *Metrics) bool {
+func (r *Carryover) accepted(size int64, m *Metrics) bool {
 	if r == nil {
 		return false
 	}
