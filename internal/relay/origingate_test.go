@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -16,7 +17,11 @@ import (
 )
 
 // These test the origin gate's logic (origingate.go) with a real
-// watermark and a check that is a function: no service.
+// watermark and a check that is a function: no service. The gate's tests
+// run in a synctest bubble: its pacing is on the bubble's clock, so a
+// window of "no check" holds every turn the gate would take in it, and
+// the count of checks under steady flow does not depend on the machine's
+// load.
 
 // fakeCheck answers the gate's checks: foreign origins or an error, and
 // a hook run during the check (to receive more while it runs).
@@ -101,6 +106,10 @@ func (tg *testGate) waitPosition(t *testing.T, want pglogrepl.LSN, within time.D
 }
 
 func TestOriginGateHoldsThePositionUntilAFreshCheck(t *testing.T) {
+	synctest.Test(t, originGateHoldsThePositionUntilAFreshCheck)
+}
+
+func originGateHoldsThePositionUntilAFreshCheck(t *testing.T) {
 	tg, _ := startGate(t, 100, 50*time.Millisecond, nil)
 	// A commit received while the check runs is not covered by it: its
 	// transaction's origin may have been created after the check's snapshot.
@@ -126,6 +135,10 @@ func TestOriginGateHoldsThePositionUntilAFreshCheck(t *testing.T) {
 }
 
 func TestOriginGateForeignOriginEndsTheSessionUnconfirmed(t *testing.T) {
+	synctest.Test(t, originGateForeignOriginEndsTheSessionUnconfirmed)
+}
+
+func originGateForeignOriginEndsTheSessionUnconfirmed(t *testing.T) {
 	tg, _ := startGate(t, 100, 10*time.Millisecond, nil)
 	tg.commit(200)
 	tg.waitPosition(t, 200, time.Second)
@@ -151,7 +164,9 @@ func TestOriginGateForeignOriginEndsTheSessionUnconfirmed(t *testing.T) {
 	}
 }
 
-func TestOriginGateIdleChecksNothing(t *testing.T) {
+func TestOriginGateIdleChecksNothing(t *testing.T) { synctest.Test(t, originGateIdleChecksNothing) }
+
+func originGateIdleChecksNothing(t *testing.T) {
 	tg, _ := startGate(t, 100, time.Millisecond, nil)
 	tg.commit(200)
 	tg.waitPosition(t, 200, time.Second)
@@ -170,6 +185,10 @@ func TestOriginGateIdleChecksNothing(t *testing.T) {
 }
 
 func TestOriginGatePacesChecksUnderSteadyFlow(t *testing.T) {
+	synctest.Test(t, originGatePacesChecksUnderSteadyFlow)
+}
+
+func originGatePacesChecksUnderSteadyFlow(t *testing.T) {
 	const interval = 100 * time.Millisecond
 	tg, _ := startGate(t, 100, interval, nil)
 	start := time.Now()
@@ -199,6 +218,10 @@ func TestOriginGatePacesChecksUnderSteadyFlow(t *testing.T) {
 }
 
 func TestOriginGateFinalCheckOnGracefulStop(t *testing.T) {
+	synctest.Test(t, originGateFinalCheckOnGracefulStop)
+}
+
+func originGateFinalCheckOnGracefulStop(t *testing.T) {
 	marks := make(chan struct{})
 	tg, settled := startGate(t, 100, time.Hour, marks)
 	tg.commit(200)
@@ -219,6 +242,10 @@ func TestOriginGateFinalCheckOnGracefulStop(t *testing.T) {
 }
 
 func TestOriginGateCheckFailureEndsTheSession(t *testing.T) {
+	synctest.Test(t, originGateCheckFailureEndsTheSession)
+}
+
+func originGateCheckFailureEndsTheSession(t *testing.T) {
 	tg, _ := startGate(t, 100, time.Millisecond, nil)
 	tg.checks.mu.Lock()
 	tg.checks.err = errors.New("connection refused")
