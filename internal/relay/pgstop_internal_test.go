@@ -9,7 +9,7 @@ import (
 )
 
 // TestWatchStopping: the session ends with the retryable
-// ErrDatabaseStopping once the janitor signals a shutdown, and the watcher
+// ErrDatabaseShuttingDown once the janitor signals a shutdown, and the watcher
 // lets a session end normally otherwise (reader done, or ctx ended).
 func TestWatchStopping(t *testing.T) {
 	closed := func() chan struct{} { c := make(chan struct{}); close(c); return c }
@@ -22,7 +22,7 @@ func TestWatchStopping(t *testing.T) {
 		readerDone     <-chan struct{}
 		want           error
 	}{
-		{"signalled", context.Background(), closed(), nil, ErrDatabaseStopping},
+		{"signalled", context.Background(), closed(), nil, ErrDatabaseShuttingDown},
 		{"reader done", context.Background(), make(chan struct{}), closed(), nil},
 		{"ctx ended", cancelled, nil, nil, nil},
 	} {
@@ -37,7 +37,7 @@ func TestWatchStopping(t *testing.T) {
 			t.Fatalf("%s: watchDatabaseShutdown did not return", c.name)
 		}
 	}
-	if IsFatal(fmt.Errorf("session: %w", ErrDatabaseStopping)) {
-		t.Fatal("ErrDatabaseStopping ends the relay instead of a session")
+	if IsFatal(fmt.Errorf("session: %w", ErrDatabaseShuttingDown)) {
+		t.Fatal("ErrDatabaseShuttingDown ends the relay instead of a session")
 	}
 }

@@ -16,7 +16,7 @@ func fixture() map[string]string {
 		"internal/slot/watermark_test.go": "package slot\n\nimport \"testing\"\n\nfunc TestWatermarkAcks(t *testing.T) {}\n",
 		"internal/janitor/write.go": "package janitor\n\ntype Janitor struct{}\n\nfunc (j *Janitor) release() {}\n\n" +
 			"func (j *Janitor) settleMarked() {}\n\nconst policy = \"park\"\n",
-		"internal/relay/stopping.go": "package relay\n\nimport \"os/signal\"\n\nfunc release() {}\n\n" +
+		"internal/relay/dbshutdown.go": "package relay\n\nimport \"os/signal\"\n\nfunc release() {}\n\n" +
 			"func watchDatabaseShutdown() { _, _ = signal.NotifyContext(nil) }\n",
 		"internal/config/config.go":  "package config\n\ntype Config struct {\n\tSlot string `env:\"SLOT, default=x\"`\n}\n",
 		"internal/failpoint/on.go":   "//go:build failpoints\n\npackage failpoint\n",
@@ -126,7 +126,7 @@ func TestParagraphs(t *testing.T) {
 // directories, its pkg. prefixes and its types.
 func TestContextOf(t *testing.T) {
 	tr := fixtureTree(t)
-	got := tr.contextOf([]string{"relay/stopping.go", "internal/janitor", "slot.Watermark", "Janitor.release", "x"})
+	got := tr.contextOf([]string{"relay/dbshutdown.go", "internal/janitor", "slot.Watermark", "Janitor.release", "x"})
 	want := []string{"internal/relay", "internal/janitor", "internal/slot"}
 	if !slices.Equal(got, want) {
 		t.Errorf("contextOf = %v, want %v", got, want)

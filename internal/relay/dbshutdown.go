@@ -5,12 +5,12 @@ import (
 	"errors"
 )
 
-// ErrDatabaseStopping ends a streaming session whose marks the database
+// ErrDatabaseShuttingDown ends a streaming session whose marks the database
 // refuses because it is shutting down. Retryable: the next session streams
 // from the slot's confirmed position once the database is back.
-var ErrDatabaseStopping = errors.New("database is shutting down; ending the replication session so it can stop; unmarked events will be published again")
+var ErrDatabaseShuttingDown = errors.New("database is shutting down; ending the replication session so it can stop; unmarked events will be published again")
 
-// watchDatabaseShutdown ends the session with ErrDatabaseStopping when the janitor
+// watchDatabaseShutdown ends the session with ErrDatabaseShuttingDown when the janitor
 // learns that the database is shutting down (janitor.DatabaseShuttingDown, taken before
 // the session streams). A logical walsender exits
 // only once its client has confirmed all the WAL sent to it, which the
@@ -22,7 +22,7 @@ var ErrDatabaseStopping = errors.New("database is shutting down; ending the repl
 func watchDatabaseShutdown(ctx context.Context, dbShuttingDown <-chan struct{}, readerDone <-chan struct{}) error {
 	select {
 	case <-dbShuttingDown:
-		return ErrDatabaseStopping
+		return ErrDatabaseShuttingDown
 	case <-readerDone:
 	case <-ctx.Done():
 	}
