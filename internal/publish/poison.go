@@ -91,14 +91,15 @@ func deadLetter(ev *wal.Event, reason string, maxMessageBytes int64) amqp.Publis
 	}
 }
 
-// poison applies the poison policy (decide, causeContent) to an event that
-// can never be published. Only the event's own content leads here:
-// transport failures never do, so they never count as attempts. A parked event with a dead-letter copy is handed
-// to the Acker once the copy's fate is known (handleCopyConfirm), at once without
-// one: the row is recorded whatever the broker does with the copy, which is
-// only counted (invariant 3, docs/architecture.md), but a copy lost with its channel (a later
-// message closed it) or a crash ends the session before the park, so the
-// next session sends the copy again.
+// poison applies the poison policy (decide, causeContent) to an event
+// that can never be published. Only the event's own content leads here:
+// transport failures never do, so they never count as attempts. A parked
+// event with a dead-letter copy is handed to the Acker once the copy's
+// fate is known (handleCopyConfirm), at once without one: the row is
+// recorded whatever the broker does with the copy, which is only counted
+// (invariant 3, docs/architecture.md), but a copy lost with its channel (a
+// later message closed it) or a crash ends the session before the park, so
+// the next session sends the copy again.
 func (p *Publisher) poison(ctx context.Context, l sinkLane, ev *wal.Event, f inflight, reason string) (inflight, error) {
 	p.Metrics.poison.Inc()
 	act := p.fate(causeContent)
