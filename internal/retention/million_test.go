@@ -26,7 +26,6 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/janitor"
 	"github.com/cdcrelay/cdcrelay/internal/progress"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
-	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 )
 
@@ -135,7 +134,7 @@ func startMarking(t *testing.T, url string) *marking {
 	// The janitor acks the events' sequence numbers on this watermark once
 	// their rows are marked, as it does a streaming session's.
 	positions := progress.NewWatermark(0)
-	session := j.Session(ctx, positions)
+	marks := j.Marks(ctx, positions)
 	db, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +149,7 @@ func startMarking(t *testing.T, url string) *marking {
 				return
 			}
 			start := time.Now()
-			session.Ack(publish.Ref{Seq: positions.NextSeq(), ID: id})
+			marks.Ack(publish.Ref{Seq: positions.NextSeq(), ID: id})
 			for ctx.Err() == nil {
 				var marked bool
 				if err := db.QueryRow(ctx, `SELECT published_at IS NOT NULL FROM event_outbox WHERE id = $1::uuid`, id).Scan(&marked); err != nil {
