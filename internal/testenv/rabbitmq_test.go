@@ -89,7 +89,7 @@ func TestIntegrationRabbitMQPrivateNode(t *testing.T) {
 	}
 	waitBlocking(t, blocked, false)
 
-	// Close stops the node and removes its directory; a second Close is a
+	// Close kills the node and removes its directory; a second Close is a
 	// no-op.
 	dir := r.Dir()
 	if err := r.Close(); err != nil {

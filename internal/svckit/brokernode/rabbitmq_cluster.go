@@ -139,8 +139,7 @@ func (c *RabbitMQCluster) NewConsumer(ctx context.Context, first int, exchange, 
 		exchange: exchange, queue: queue, bindingKey: bindingKey})
 }
 
-// Close stops every node (in parallel: a node that waits for its peers
-// must not wait for one already gone) and removes their directories.
+// Close kills every node (RabbitMQ.Close) and removes their directories.
 func (c *RabbitMQCluster) Close() error {
 	errs := make([]error, len(c.nodes))
 	var wg sync.WaitGroup
