@@ -3,7 +3,7 @@
 // for parked poison ones.
 //
 // A mark is part of the slot's position (invariant 10, docs/architecture.md):
-// the publisher hands each confirm to the janitor's Marks (session.go), which
+// the publisher hands each confirm to the janitor's Marks (marks.go), which
 // acks the streaming session's watermark only after the UPDATE that marked
 // the row has committed, durably whatever synchronous_commit says
 // (pgconnect.Options.Durable), the row was parked, or the row was found

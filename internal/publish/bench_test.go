@@ -7,7 +7,7 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
-// benchPayload is an outbox payload as the bench (cmd/cdcrelay-bench)
+// benchPayload is an outbox payload as the bench (tools/bench)
 // inserts it: a JSON envelope with its own id, event_type and trace_context.
 const benchPayload = `{"id": "5f4dcc3b-5aa7-65d6-1d83-27deb882cf99", "data": {"customer": "customer-150", "order_id": 50000}, "event_type": "OrderCreated", "trace_context": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}`
 

@@ -273,7 +273,7 @@ func (p *Publisher) ending() { p.acks.Ending() }
 // maxSeen bounds exchangesSeen; forgetting costs one drain per exchange.
 const maxSeen = 4096
 
-// settle handles a message whose confirmation resolved.
+// handleConfirm handles a message whose confirmation resolved.
 func (p *Publisher) handleConfirm(ctx context.Context, l sinkLane, f inflight) error {
 	ret, returned := p.takeReturn(l, f)
 	if f.copyOf {
