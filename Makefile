@@ -97,7 +97,7 @@ test-go:
 # waiting tests make test leaves out, such as a 60 s idle window
 # (internal/relay/main_test.go). A repocheck test holds every test of those
 # files to that list. .ci/run runs it too.
-RELAY_FAULT_TESTS = ^TestIntegration(BoundedQueueReview[A-Za-z]*|BrokerSizeLimit(Parked|Raised)|StandbyZeroPolling|StopWhileBrokerBlocksAFullSocket|MarksFailingDegraded)$$
+RELAY_FAULT_TESTS = ^TestIntegration(BoundedQueueReview[A-Za-z]*|BrokerSizeLimit(Parked|Raised)|StandbyZeroPolling|StopWhileBrokerBlocksAFullSocket|LockLostDuringDrain|MarksFailingDegraded)$$
 
 test-faults:
 	$(GO) test -race -tags 'faults failpoints' -count=1 -timeout 30m ./internal/faults/ ./internal/failpoint/

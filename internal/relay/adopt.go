@@ -21,9 +21,9 @@ import (
 // server that holds the slot (the same connection without
 // CDCRELAY_REPLICATION_URL): the marker, the slot and the snapshot's
 // backlog are on sdb, the marks go to the primary through the janitor.
-// ctx is the session's work; soft ending stops the backlog gracefully
-// (backlog).
-func (r *Relay) adopt(ctx, soft context.Context, db, sdb *pgx.Conn, repl *pgconn.PgConn, link *publish.Link, locked bool) (pglogrepl.LSN, error) {
+// ctx is the session's work; soft ending stops the backlog gracefully,
+// lost ending (the slot lock lost) at once (backlog).
+func (r *Relay) adopt(ctx, soft, lost context.Context, db, sdb *pgx.Conn, repl *pgconn.PgConn, link *publish.Link, locked bool) (pglogrepl.LSN, error) {
 	if !locked {
 		if err := slot.BeginAdoption(ctx, sdb, r.cfg.Slot); err != nil {
 			return 0, err
@@ -40,7 +40,7 @@ func (r *Relay) adopt(ctx, soft context.Context, db, sdb *pgx.Conn, repl *pgconn
 	// next time, and the refusal names it.
 	r.carryover.Forget()
 	r.log.Info("created replication slot; publishing the rows committed before it", "consistent_point", created.ConsistentPoint)
-	return created.ConsistentPoint, r.backlog(ctx, soft, sdb, link, created)
+	return created.ConsistentPoint, r.backlog(ctx, soft, lost, sdb, link, created)
 }
 
 // unfinishedAdoption is an adoption this process began and did not finish:
@@ -72,27 +72,28 @@ func (u unfinishedAdoption) resumable(slotName string, info slot.Info) bool {
 // attempts', so that no pair names two events. Re-creating the slot
 // instead would wait for every running transaction at each retry, and a
 // row the broker refuses would make every retry do it.
-func (r *Relay) resumeAdoption(ctx, soft context.Context, sdb *pgx.Conn, link *publish.Link, at pglogrepl.LSN) error {
+func (r *Relay) resumeAdoption(ctx, soft, lost context.Context, sdb *pgx.Conn, link *publish.Link, at pglogrepl.LSN) error {
 	r.log.Info("publishing the rest of the backlog of the slot's unfinished adoption, from a new snapshot", "consistent_point", at)
-	return r.backlog(ctx, soft, sdb, link, slot.Created{ConsistentPoint: at, FirstIndex: r.unfinished.next})
+	return r.backlog(ctx, soft, lost, sdb, link, slot.Created{ConsistentPoint: at, FirstIndex: r.unfinished.next})
 }
 
 // backlog publishes the rows with published_at IS NULL of created's
 // snapshot (a new one when it names none), waits for their marks and ends
-// the adoption. ctx ending (the slot lock lost) stops it at once; soft
-// ending (a stop) stops the snapshot's reading and drains what was sent:
+// the adoption. lost ending (the slot lock lost) stops it at once, even
+// during a drain; ctx (the session's work) ends with either. soft ending
+// (a stop) stops the snapshot's reading and drains what was sent:
 // the broker's confirms arrive and their rows are marked, within
 // CDCRELAY_SHUTDOWN_TIMEOUT (pipeline.go), so a next start publishes none
 // of them again. The adoption is then unfinished, and the next start
 // resumes or redoes it.
-func (r *Relay) backlog(ctx, soft context.Context, sdb *pgx.Conn, link *publish.Link, created slot.Created) error {
+func (r *Relay) backlog(ctx, soft, lost context.Context, sdb *pgx.Conn, link *publish.Link, created slot.Created) error {
 	r.metrics.backfilling.Set(1)
 	defer r.metrics.backfilling.Set(0)
 	began := time.Now()
 	// Each confirm counts at once, so the counter shows the adoption's progress.
 	r.metrics.backfillRows.Set(0)
 	r.metrics.backfillDone.Set(0)
-	p := r.newPipeline(soft, ctx, link, progress.NewWatermark(0), r.metrics.backfilled, r.metrics.backfillDone)
+	p := r.newPipeline(soft, lost, link, progress.NewWatermark(0), r.metrics.backfilled, r.metrics.backfillDone)
 	rows := make(chan wal.Event)
 	var n int
 	err := p.run(

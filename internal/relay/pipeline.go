@@ -23,9 +23,13 @@ import (
 //  2. drained: the publisher has the confirm of every message it sent and
 //     the janitor has marked their rows; the pipeline's goroutines return.
 //  3. hard: CDCRELAY_SHUTDOWN_TIMEOUT after soft, at once when the session
-//     is lost (the slot lock: abort), when a stage fails, or when the
-//     pipeline returns. Every goroutine ends, and a publish blocked in a
-//     socket write is freed by closing the socket (invariant 5).
+//     is lost (the slot lock: abort), before or during the drain, or when
+//     the pipeline returns. Every goroutine ends, and a publish blocked in
+//     a socket write is freed by closing the socket (invariant 5).
+//
+// A stage that fails ends the group's context (pipeline.ctx), not the
+// hard stop: the other stages return, and a publish blocked in a socket
+// write is freed a second later (abortIfStuck).
 
 // stopper owns one pipeline's soft and hard stops.
 type stopper struct {
@@ -41,8 +45,9 @@ type stopper struct {
 }
 
 // newStopper starts the stop of a pipeline: soft ends it gracefully
-// within timeout, abort at once. onHard runs when the hard stop comes
-// before close.
+// within timeout, abort at once, whether or not soft ended first. abort
+// must not end with soft (the session's lost, not its work). onHard runs
+// when the hard stop comes before close.
 func newStopper(soft, abort context.Context, timeout time.Duration, onHard func()) *stopper {
 	hard, cancel := context.WithCancel(context.WithoutCancel(abort))
 	s := &stopper{soft: soft, hard: hard, cancel: cancel}
@@ -52,13 +57,7 @@ func newStopper(soft, abort context.Context, timeout time.Duration, onHard func(
 			defer s.mu.Unlock()
 			s.timer = time.AfterFunc(timeout, cancel)
 		}),
-		// abort ends with soft when soft is its parent: that is not a
-		// loss of the session, and the drain goes on.
-		context.AfterFunc(abort, func() {
-			if soft.Err() == nil {
-				cancel()
-			}
-		}),
+		context.AfterFunc(abort, cancel),
 		context.AfterFunc(hard, onHard),
 	}
 	return s

@@ -45,10 +45,14 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	defer r.metrics.lockHeld.Set(0)
 	r.carryover.Begin(time.Now()) // careful for a while if the last session ended on a refusal
 	// The lock's connection stays idle from here on; losing it ends the
-	// session at once: work is cancelled and the replication socket closed.
+	// session at once: work and lost are cancelled and the replication
+	// socket closed. lost ends with the loss only, not with ctx: a loss
+	// during the drain after a stop still stops the pipeline at once.
 	work, cancelWork := context.WithCancel(ctx)
 	defer cancelWork()
-	f = r.startFence(lock, cancelWork)
+	lost, loseLock := context.WithCancel(context.WithoutCancel(ctx))
+	defer loseLock()
+	f = r.startFence(lock, func() { cancelWork(); loseLock() })
 
 	db, err := r.connectDB(work)
 	if err != nil {
@@ -112,11 +116,11 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	start := info.ConfirmedFlush
 	switch {
 	case !info.Exists:
-		if start, err = r.adopt(work, ctx, db, sdb, repl, link, adopting); err != nil {
+		if start, err = r.adopt(work, ctx, lost, db, sdb, repl, link, adopting); err != nil {
 			return err
 		}
 	case info.Adopting:
-		if err := r.resumeAdoption(work, ctx, sdb, link, start); err != nil {
+		if err := r.resumeAdoption(work, ctx, lost, sdb, link, start); err != nil {
 			return err
 		}
 	}
@@ -131,7 +135,7 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	// Streaming: the slot is the relay's now, whoever created it, and a
 	// later fatal error keeps it (the next start goes on from it).
 	r.made = madeSlot{}
-	return r.stream(ctx, work, repl, link, start, interval)
+	return r.stream(ctx, lost, repl, link, start, interval)
 }
 
 // prepare makes sure the publication exists, then looks at the slot, with

@@ -15,10 +15,10 @@ import (
 
 // stream runs the reader and the publisher until failure or stop: ctx
 // ending is the soft stop (the reader reads no more, the publisher
-// drains, the final status update reports the marks), work ending (the
-// slot lock lost) the hard one (pipeline.go).
-func (r *Relay) stream(ctx, work context.Context, repl *pgconn.PgConn, link *publish.Link, start pglogrepl.LSN, interval time.Duration) error {
-	p := r.newPipeline(ctx, work, link, progress.NewWatermark(start))
+// drains, the final status update reports the marks), lost ending (the
+// slot lock lost, before or during the drain) the hard one (pipeline.go).
+func (r *Relay) stream(ctx, lost context.Context, repl *pgconn.PgConn, link *publish.Link, start pglogrepl.LSN, interval time.Duration) error {
+	p := r.newPipeline(ctx, lost, link, progress.NewWatermark(start))
 	gate := r.newOriginGate(p.watermark, start, interval) // with origin 'none' only (origingate.go)
 	reader := wal.NewReader(repl, wal.ReaderConfig{
 		Decoder: wal.NewDecoder(r.mapping), Positions: gate, Out: p.events,
