@@ -72,8 +72,9 @@ func (r *Relay) acquire(ctx context.Context, db *pgx.Conn) error {
 // the lock is taken. Nothing runs on it then, so the only thing that can
 // arrive is its end: the backend was terminated, or the link broke. The
 // relay no longer holds the slot lock and another relay may be taking
-// over, so the session stops at once: its work context is cancelled and
-// the replication socket closed, which ends the reader, and with it the
+// over, so the session stops at once: cancel ends its work and lost
+// contexts (lost is the pipeline's hard stop, also during a drain) and
+// the replication socket is closed, which ends the reader, and with it the
 // publisher, without waiting for anything. The watch is a blocked read on
 // the socket: no statement, no timer.
 type fence struct {
