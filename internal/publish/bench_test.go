@@ -55,8 +55,8 @@ func BenchmarkMessage(b *testing.B) {
 						b.Fatal(reason)
 					}
 				}
-				msg, err := Message(&ev)
-				if err != nil || msg.MessageId != ev.ID {
+				msg, err := MessageOn(&ev, 0)
+				if err != nil || msg.ID != ev.ID {
 					b.Fatalf("message %+v: %v", msg, err)
 				}
 			}

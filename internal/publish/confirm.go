@@ -48,13 +48,6 @@ func (p *Publisher) confirmLoop(ctx context.Context, l sinkLane, fifo <-chan inf
 				return err
 			}
 			release(f, slots, bytes)
-		case r, ok := <-l.returns():
-			if err := p.noteReturn(l, r, ok); err != nil {
-				if !ok { // the lane closed: its confirms are resolved, or about to be
-					return p.handOver(ctx, l, fifo, nil, slots, bytes, err)
-				}
-				return err
-			}
 		case <-ctx.Done():
 			return p.handOver(ctx, l, fifo, nil, slots, bytes, ctx.Err())
 		}
@@ -81,9 +74,11 @@ func (p *Publisher) await(ctx context.Context, l sinkLane, f inflight) error {
 }
 
 // wait returns nil once f's confirmation is resolved (at once if f has
-// none), filing the returns that arrive meanwhile; else it leaves f
-// untouched and says why: the confirm timeout, a return it cannot place,
-// the lane's closure or ctx's end (the last two: interrupted).
+// none); else it leaves f untouched and says why: the confirm timeout or
+// ctx's end (interrupted). A lane that closes resolves its confirmations
+// as not acked, which handleConfirm reads as the closure (closedWhile).
+// Returns are not read here: the lane keeps them until handle drains
+// them, and it holds at most one per message in its window.
 func (p *Publisher) wait(ctx context.Context, l sinkLane, f inflight) error {
 	if f.resumed || f.dc == nil {
 		return nil
@@ -101,10 +96,6 @@ func (p *Publisher) wait(ctx context.Context, l sinkLane, f inflight) error {
 		select {
 		case <-f.dc.Done():
 			return nil
-		case r, ok := <-l.returns():
-			if err := p.noteReturn(l, r, ok); err != nil {
-				return err
-			}
 		case <-timer.C:
 			// A blocked broker holds confirms back; that is flow control,
 			// not a failure, so the clock restarts once it lets go.
@@ -139,12 +130,13 @@ func (p *Publisher) handle(ctx context.Context, l sinkLane, f inflight) error {
 	case f.dc == nil: // parked without a dead-letter copy: already handed over
 		return nil
 	}
-	// The broker sends basic.return before the ack of the same message, and
-	// amqp091-go hands the return to our buffered channel before it
-	// resolves the confirmation: so a return for this message, if any, is
-	// already waiting here.
-	p.drainReturns(l)
+	// A return for this message, if any, is readable before its
+	// confirmation resolves (sinkLane): it is waiting on the lane now.
+	err := p.drainReturns(l)
 	p.Metrics.inFlight.Dec()
+	if err != nil {
+		return err
+	}
 	return p.handleConfirm(ctx, l, f)
 }
 
@@ -165,16 +157,18 @@ const handOverWait = time.Second
 // docs/architecture.md), and nothing after the first message the broker
 // did not acknowledge is handed on (invariant 1).
 //
-// It relies on amqp091-go (v1.16.0): one reader goroutine per connection
-// dispatches the frames in the order the broker sent them, and a basic.ack
+// It relies on the lane's contract (sinkLane): once a lane is closed,
+// every answer the broker sent before the close has resolved its
+// confirmation, and the rest resolve as not acked. The AMQP sink has it
+// from amqp091-go (v1.16.0): one reader goroutine per connection
+// dispatches the frames in the order the broker sent them, a basic.ack
 // resolves its DeferredConfirmation (confirms.One, Multiple) before the
-// next frame is read. A channel.close, or the connection's end, first
-// marks the channel closed and reaches NotifyClose (how the session learns
-// of it: watch, closeReason), then the same goroutine closes the returns
-// channel and resolves every confirmation still outstanding as not acked
-// (closeResources, confirms.Close). So by the time a close ends the
-// session, every ack the broker sent before it is resolved, and the rest
-// resolve at once as nacks. The broker does not send, once it closes a
+// next frame is read, and a channel.close, or the connection's end, first
+// marks the channel closed and reaches NotifyClose (how the session
+// learns of it: watch, closeReason), then resolves every confirmation
+// still outstanding as not acked (closeResources, confirms.Close). So by
+// the time a close ends the session, every ack the broker sent before it
+// is resolved, and the rest resolve at once as nacks. The broker does not send, once it closes a
 // channel, the confirms it still owed for messages it took (RabbitMQ
 // 3.10): drainFor keeps those out of the way of a missing exchange.
 //
@@ -201,12 +195,18 @@ func (p *Publisher) handOver(ctx context.Context, l sinkLane, fifo <-chan inflig
 				return cause // every message handed over, or the time is up
 			}
 		}
-		if !p.resolved(l, next, by.Done()) {
+		if !p.resolved(next, by.Done()) {
+			return cause
+		}
+		// A return the relay cannot place stops the hand-over: it might be
+		// one of the messages about to be handed on.
+		if err := p.drainReturns(l); err != nil {
+			p.Log.Warn("a returned message the relay cannot place ends the hand-over of confirms", "error", err)
 			return cause
 		}
 		// A returned message is left to the next session: parking it may
 		// mean publishing its dead-letter copy (parkLate).
-		if p.drainReturns(l); next.dc != nil {
+		if next.dc != nil {
 			if _, returned := p.takeReturn(l, next); returned {
 				return cause
 			}
@@ -235,35 +235,23 @@ func receive(fifo <-chan inflight, deadline <-chan struct{}) (f inflight, ok boo
 }
 
 // resolved reports whether f's confirmation is resolved (or f needs none),
-// waiting by deadline and filing the returns that arrive meanwhile, as wait
-// does. A return it cannot place stops the hand-over: it might be one of
-// the messages about to be handed on.
-func (p *Publisher) resolved(l sinkLane, f inflight, deadline <-chan struct{}) bool {
+// waiting by deadline.
+func (p *Publisher) resolved(f inflight, deadline <-chan struct{}) bool {
 	if f.resumed || f.dc == nil {
 		return true
 	}
+	// A confirmation already resolved wins over a deadline that passed at
+	// the same time (select picks at random among ready cases).
 	select {
 	case <-f.dc.Done():
 		return true
 	default:
 	}
-	returns := l.returns()
-	for {
-		select {
-		case <-f.dc.Done():
-			return true
-		case r, ok := <-returns:
-			if !ok {
-				returns = nil // the lane closed: its confirmations resolve at once
-				continue
-			}
-			if err := p.noteReturn(l, r, true); err != nil {
-				p.Log.Warn("a returned message the relay cannot place ends the hand-over of confirms", "error", err)
-				return false
-			}
-		case <-deadline:
-			return false
-		}
+	select {
+	case <-f.dc.Done():
+		return true
+	case <-deadline:
+		return false
 	}
 }
 
@@ -357,7 +345,7 @@ func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
 			}
 		}()
 	}
-	blocked := p.sink.blocked()
+	blocked := p.sink.flow()
 	for {
 		select {
 		case e, ok := <-p.sink.connClosed(): // causeTransport: actRetry (decide)
@@ -369,11 +357,11 @@ func (p *Publisher) watch(ctx context.Context, done <-chan struct{}) error {
 				blocked = nil
 				continue
 			}
-			p.blocked.Store(b.Active)
+			p.blocked.Store(b.Blocked)
 			if p.OnBlocked != nil {
-				p.OnBlocked(b.Active, b.Reason)
+				p.OnBlocked(b.Blocked, b.Reason)
 			}
-			if b.Active {
+			if b.Blocked {
 				p.Metrics.blocked.Set(1)
 				p.Log.Warn("broker is blocking publishers (resource alarm); publishing paused", "reason", b.Reason)
 			} else {

@@ -93,7 +93,7 @@ const (
 type fakeConn struct {
 	b           *fakeBroker
 	closed      chan *closure
-	blockNotify chan amqp.Blocking
+	blockNotify chan Flow
 	isClosed    bool
 	chans       []*fakeChannel
 }
@@ -159,7 +159,7 @@ func (b *fakeBroker) connect(returnsBuf int) (*fakeConn, sink) {
 	if !b.wellBehaved && b.rng.Float64() < b.pUnroutable {
 		b.unroutable = b.keys[b.rng.IntN(len(b.keys))]
 	}
-	c := &fakeConn{b: b, closed: make(chan *closure, 1), blockNotify: make(chan amqp.Blocking, 8)}
+	c := &fakeConn{b: b, closed: make(chan *closure, 1), blockNotify: make(chan Flow, 8)}
 	for i := range b.channels {
 		ch := &fakeChannel{
 			b: b, index: i, out: map[uint64]*fakeMsg{},
@@ -180,9 +180,14 @@ func (c *fakeConn) lanes() []sinkLane {
 	return out
 }
 
-func (c *fakeConn) connClosed() <-chan *closure   { return c.closed }
-func (c *fakeConn) blocked() <-chan amqp.Blocking { return c.blockNotify }
-func (c *fakeConn) frameMax() int                 { return 0 }
+func (c *fakeConn) connClosed() <-chan *closure { return c.closed }
+func (c *fakeConn) flow() <-chan Flow           { return c.blockNotify }
+
+// unsendable judges by AMQP's rules, as the Link does, with no frame size
+// negotiated.
+func (c *fakeConn) unsendable(exchange, key string, msg *Message) string {
+	return amqpUnsendable(exchange, key, msg, 0)
+}
 
 // Abort is a dropped socket: the connection shuts down with an error, and
 // the broker keeps what it received.
@@ -192,21 +197,35 @@ func (c *fakeConn) Abort() {
 
 func (c *fakeChannel) isClosed() bool { return c.shut.Load() }
 
-func (c *fakeChannel) returns() <-chan amqp.Return { return c.returned }
-func (c *fakeChannel) closing() <-chan *closure    { return c.closed }
-func (c *fakeChannel) closeReason() *closure       { return c.reason.Load() }
+func (c *fakeChannel) closing() <-chan *closure { return c.closed }
+func (c *fakeChannel) closeReason() *closure    { return c.reason.Load() }
+
+// nextReturn reads the returns channel the fake fills as amqp091-go
+// fills a lane's (link.go, lane.nextReturn).
+func (c *fakeChannel) nextReturn() (Returned, bool) {
+	select {
+	case r, ok := <-c.returned:
+		if ok {
+			return returnedOf(r), true
+		}
+	default:
+	}
+	return Returned{}, false
+}
 
 // publish is amqp091-go's PublishWithDeferredConfirmWithContext with
-// mandatory set, as Link's lanes call it.
-func (c *fakeChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (confirmation, error) {
+// mandatory set, as Link's lanes call it, on the message as the Link
+// converts it (publishing).
+func (c *fakeChannel) publish(ctx context.Context, exchange, key string, sent *Message) (confirmation, error) {
 	const mandatory = true
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	default:
 	}
+	msg := publishing(sent)
 	if err := msg.Headers.Validate(); err != nil {
-		return nil, err
+		return nil, &unencodable{err: err} // as the Link classifies an encoding error
 	}
 	b := c.b
 	b.mu.Lock()
@@ -470,7 +489,7 @@ func (b *fakeBroker) block(active bool) {
 		return
 	}
 	select {
-	case b.conn.blockNotify <- amqp.Blocking{Active: active, Reason: "model"}:
+	case b.conn.blockNotify <- Flow{Blocked: active, Reason: "model"}:
 	default:
 	}
 }

@@ -22,6 +22,8 @@ func numberText(v any) (text string, ok bool) {
 		return strconv.FormatInt(x, 10), true
 	case string:
 		return x, true
+	case Decimal:
+		return numberText(amqp.Decimal{Scale: x.Scale, Value: x.Value})
 	case amqp.Decimal:
 		if x.Scale == 0 {
 			return "", false
@@ -54,12 +56,12 @@ var headerNumberCases = []struct {
 	{"-9223372036854775808", int64(-9223372036854775808)},
 	{"9223372036854775808", "9223372036854775808"}, // beyond int64
 	{"123456789012345678901234567890", "123456789012345678901234567890"},
-	{"12.50", amqp.Decimal{Scale: 2, Value: 1250}}, // the trailing zero is kept
-	{"0.05", amqp.Decimal{Scale: 2, Value: 5}},
-	{"-0.5", amqp.Decimal{Scale: 1, Value: -5}},
-	{"0.0", amqp.Decimal{Scale: 1, Value: 0}},
-	{"214748364.7", amqp.Decimal{Scale: 1, Value: 2147483647}},
-	{"-214748364.8", amqp.Decimal{Scale: 1, Value: -2147483648}},
+	{"12.50", Decimal{Scale: 2, Value: 1250}}, // the trailing zero is kept
+	{"0.05", Decimal{Scale: 2, Value: 5}},
+	{"-0.5", Decimal{Scale: 1, Value: -5}},
+	{"0.0", Decimal{Scale: 1, Value: 0}},
+	{"214748364.7", Decimal{Scale: 1, Value: 2147483647}},
+	{"-214748364.8", Decimal{Scale: 1, Value: -2147483648}},
 	{"214748364.8", "214748364.8"}, // digits beyond int32
 	{"3.14159265358979323846", "3.14159265358979323846"},
 	{"1e400", "1e400"}, // beyond float64
@@ -86,13 +88,13 @@ func TestHeaderValues(t *testing.T) {
 	ev := wal.Event{ID: "id1", Payload: []byte(`{}`), Headers: []byte(`{
 		"snowflake": 1234567890123456789, "big": 1e400, "price": 12.50, "z": null,
 		"o": {"a": [1, null, "x", 9223372036854775808, {"b": false}], "n": null}, "s": "Zürich"}`)}
-	msg, err := Message(&ev)
+	msg, err := MessageOn(&ev, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := amqp.Table{
-		"snowflake": int64(1234567890123456789), "big": "1e400", "price": amqp.Decimal{Scale: 2, Value: 1250},
-		"o": amqp.Table{"a": []any{int64(1), nil, "x", "9223372036854775808", amqp.Table{"b": false}}}, "s": "Zürich",
+	want := Headers{
+		"snowflake": int64(1234567890123456789), "big": "1e400", "price": Decimal{Scale: 2, Value: 1250},
+		"o": Headers{"a": []any{int64(1), nil, "x", "9223372036854775808", Headers{"b": false}}}, "s": "Zürich",
 	}
 	for k, w := range want {
 		if !equal(msg.Headers[k], w) {
@@ -102,18 +104,19 @@ func TestHeaderValues(t *testing.T) {
 	if _, ok := msg.Headers["z"]; ok {
 		t.Error("a null member is forwarded")
 	}
-	if why := unsendableReason("x", "k", &msg, 128<<10); why != "" {
+	if why := amqpUnsendable("x", "k", &msg, 128<<10); why != "" {
 		t.Fatal(why)
 	}
 	for _, bad := range []string{`{"a":1} {}`, `{"a":1}]`, `[1]`, `{"a":}`} {
-		if _, err := Message(&wal.Event{ID: "id1", Payload: []byte(`{}`), Headers: []byte(bad)}); err == nil {
+		if _, err := MessageOn(&wal.Event{ID: "id1", Payload: []byte(`{}`), Headers: []byte(bad)}, 0); err == nil {
 			t.Errorf("headers %s accepted", bad)
 		}
 	}
 }
 
-// FuzzHeaderValues checks the header mapping on every JSON object: Message
-// never refuses one, the table is one amqp091-go accepts and unsendableReason
+// FuzzHeaderValues checks the header mapping on every JSON object: MessageOn
+// never refuses one, the table the AMQP adapter puts on the wire
+// (publishing) is one amqp091-go accepts and unsendableReason
 // accepts unless a key is longer than AMQP allows (then it reports the key,
 // so the event is poison; no mapping could send it),
 // and every value is the stored one, each number's exact text recoverable
@@ -156,14 +159,15 @@ func checkHeaders(t *testing.T, headers []byte) {
 	if err != nil {
 		t.Fatalf("headers %q: %v", headers, err)
 	}
-	if err := msg.Headers.Validate(); err != nil {
+	wire := publishing(&msg)
+	if err := wire.Headers.Validate(); err != nil {
 		t.Fatalf("headers %q: amqp091-go refuses the table: %v", headers, err)
 	}
-	_, bad := tableSize(msg.Headers)
+	_, bad := tableSize(wire.Headers)
 	switch long := longKey(ref, true); {
 	case long != "" && bad == nil:
 		t.Fatalf("headers %q: the %d-byte key %q encoded, above AMQP's %d", headers, len(long), clip(long), maxShortString)
-	case long != "" && !strings.Contains(unsendableReason("x", "k", &msg, 0), "header key"):
+	case long != "" && !strings.Contains(unsendableReason("x", "k", &wire, 0), "header key"):
 		t.Fatalf("headers %q: the %d-byte key %q not reported unsendable (the event must be poison): %v", headers, len(long), clip(long), bad)
 	case long == "" && bad != nil:
 		t.Fatalf("headers %q: %s", headers, bad.reason("headers"))
@@ -175,7 +179,7 @@ func checkHeaders(t *testing.T, headers []byte) {
 		if relayHeader(k) {
 			continue // the relay's own
 		}
-		got, present := msg.Headers[k]
+		got, present := wire.Headers[k]
 		if want == nil {
 			if present {
 				t.Fatalf("headers %q: null member %q forwarded as %#v", headers, k, got)

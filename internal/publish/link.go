@@ -32,8 +32,8 @@ type Link struct {
 	// whatever amqp091-go is doing.
 	raw *coalesce.Conn
 
-	connNotify  chan *closure
-	blockNotify chan amqp.Blocking
+	connNotify chan *closure
+	flowNotify chan Flow
 
 	node      string // host:port of the broker node, for logs
 	nodeIndex int    // its place in DialOptions.URLs
@@ -52,7 +52,11 @@ func (l *Link) NodeIndex() int { return l.nodeIndex }
 // sinkLane. Messages on one lane keep their order; lanes are independent
 // of each other.
 type lane struct {
-	ch       *amqp.Channel
+	ch *amqp.Channel
+	// returned is amqp091-go's own return channel, read only by
+	// nextReturn: the library sends a return into it before it resolves
+	// the confirmation of the same message, which is the order sinkLane
+	// promises; a goroutine converting returns would lose it.
 	returned chan amqp.Return
 	closed   chan *closure // read by the publisher's watch
 	// reason is a second close notification, read only through
@@ -84,24 +88,39 @@ func (l *lane) closeReason() *closure {
 }
 
 // publish implements sinkLane; a lane without a channel (tests) has
-// none to publish on.
-func (l *lane) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (confirmation, error) {
+// none to publish on. An error that is not the transport's (transport)
+// is amqp091-go refusing to encode msg: the message's own fault.
+func (l *lane) publish(ctx context.Context, exchange, key string, msg *Message) (confirmation, error) {
 	if l.ch == nil {
 		return nil, amqp.ErrClosed
 	}
-	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
+	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, publishing(msg))
 	if err != nil {
+		if !transport(err) {
+			return nil, &unencodable{err: err}
+		}
 		// A nil *DeferredConfirmation must not become a non-nil interface.
 		return nil, err
 	}
 	return dc, nil
 }
 
-func (l *lane) isClosed() bool                { return l.ch == nil || l.ch.IsClosed() }
-func (l *lane) returns() <-chan amqp.Return   { return l.returned }
-func (l *lane) closing() <-chan *closure      { return l.closed }
-func (l *Link) connClosed() <-chan *closure   { return l.connNotify }
-func (l *Link) blocked() <-chan amqp.Blocking { return l.blockNotify }
+// nextReturn implements sinkLane.
+func (l *lane) nextReturn() (Returned, bool) {
+	select {
+	case r, ok := <-l.returned: // closed with the channel: nothing more to take
+		if ok {
+			return returnedOf(r), true
+		}
+	default:
+	}
+	return Returned{}, false
+}
+
+func (l *lane) isClosed() bool              { return l.ch == nil || l.ch.IsClosed() }
+func (l *lane) closing() <-chan *closure    { return l.closed }
+func (l *Link) connClosed() <-chan *closure { return l.connNotify }
+func (l *Link) flow() <-chan Flow           { return l.flowNotify }
 
 // lanes implements sink.
 func (l *Link) lanes() []sinkLane {
@@ -112,13 +131,14 @@ func (l *Link) lanes() []sinkLane {
 	return out
 }
 
-// frameMax implements sink: the frame size negotiated with the broker, 0
-// if unknown.
-func (l *Link) frameMax() int {
-	if l.Conn == nil {
-		return 0
+// unsendable implements sink: AMQP's encoding rules and RabbitMQ's, and
+// the frame size negotiated with the broker (validate.go).
+func (l *Link) unsendable(exchange, key string, msg *Message) string {
+	frameMax := 0
+	if l.Conn != nil {
+		frameMax = l.Conn.Config.FrameSize
 	}
-	return l.Conn.Config.FrameSize
+	return amqpUnsendable(exchange, key, msg, frameMax)
 }
 
 // NewPublisher returns the publisher of one session on link: it publishes
@@ -164,6 +184,34 @@ func classified(in <-chan *amqp.Error) chan *closure {
 		defer close(out)
 		for e := range in {
 			out <- classifyClose(e)
+		}
+	}()
+	return out
+}
+
+// flows forwards connection.blocked and unblocked notifications as Flow
+// values and closes with in, which amqp091-go closes when the connection
+// shuts down (ending the goroutine). A forwarded copy may lag, which is
+// fine for flow control: nothing waits for it in order with a confirm.
+// It never blocks: when the reader is a full buffer behind (a session that
+// ended and stopped reading), the oldest notification gives way, so the
+// newest state still arrives and amqp091-go's reader, which sends into in,
+// is never held up.
+func flows(in <-chan amqp.Blocking) chan Flow {
+	out := make(chan Flow, max(cap(in), 1))
+	go func() {
+		defer close(out)
+		for b := range in {
+			f := Flow{Blocked: b.Active, Reason: b.Reason}
+			select {
+			case out <- f:
+			default:
+				select {
+				case <-out:
+				default:
+				}
+				out <- f // this goroutine is out's only sender: there is room now
+			}
 		}
 	}()
 	return out
@@ -312,7 +360,7 @@ func (l *Link) setup(o DialOptions) error {
 		})
 	}
 	l.connNotify = classified(l.Conn.NotifyClose(make(chan *amqp.Error, 1)))
-	l.blockNotify = l.Conn.NotifyBlocked(make(chan amqp.Blocking, 8))
+	l.flowNotify = flows(l.Conn.NotifyBlocked(make(chan amqp.Blocking, 8)))
 	return nil
 }
 

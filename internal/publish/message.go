@@ -13,11 +13,11 @@
 // Link and its lanes). A new sink implements sink and sinkLane with the
 // guarantees written there, and passes runSinkConformance
 // (sink_conformance_test.go), as the AMQP link and the model test's fake
-// broker do. The sink classifies why a lane closed (closure), so the core
-// reads no close codes. What still ties the core to AMQP is the other
-// values that cross the seam: amqp091-go's Publishing (built by
-// message.go, envelope.go, poison.go and validate.go) and Return (read by
-// returns.go).
+// broker do. No broker's type crosses the seam: the core builds a Message
+// (this file, envelope.go, poison.go), and the adapter turns it into
+// amqp091-go's (amqpmsg.go) and judges whether AMQP can carry it
+// (validate.go); the sink classifies why a lane closed (closure), so the
+// core reads no close codes.
 package publish
 
 import (
@@ -29,9 +29,9 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/cdcrelay/cdcrelay/inbox"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
@@ -59,25 +59,45 @@ const (
 	HeaderTimeline = inbox.HeaderTimeline
 )
 
-// Message is MessageOn for a session whose timeline is not known: the
-// message carries no cdcrelay-timeline header.
-func Message(ev *wal.Event) (amqp.Publishing, error) {
-	return MessageOn(ev, 0)
+// Message is an event's message as the core builds it and hands it to a
+// sink: every message is persistent and mandatory (sinkLane.publish), so
+// neither is a field. The AMQP adapter maps the fields to AMQP's
+// properties of the same meaning (amqpmsg.go); docs/messages.md is the
+// contract on the wire.
+type Message struct {
+	ID          string    // the outbox row's id (message_id); empty when it travels as HeaderID
+	Type        string    // the event's type
+	ContentType string    // the body's media type
+	Time        time.Time // the transaction's commit time
+	Headers     Headers
+	Body        []byte
 }
 
-// MessageOn builds the AMQP message for an event published by a session
+// Headers are a message's headers. A value is a string, a bool, an int64,
+// a Decimal, Headers, or a []any of these (where nil stands for a null
+// element): the values that carry a JSON header exactly (docs/messages.md,
+// "Header values").
+type Headers map[string]any
+
+// Decimal is an exact decimal number: Value × 10^-Scale.
+type Decimal struct {
+	Scale uint8
+	Value int32
+}
+
+// MessageOn builds the message for an event published by a session
 // on timeline (0: unknown): persistent, message_id = outbox id, the
 // timeline, commit LSN and index as headers, the row's headers column
 // copied in, and the trace context when the row or envelope carries one.
 // The stream and the snapshot backfill of one session pass the same
 // timeline, so a row gives the same message on both (invariant 12,
 // docs/architecture.md).
-func MessageOn(ev *wal.Event, timeline uint32) (amqp.Publishing, error) {
-	headers := amqp.Table{}
+func MessageOn(ev *wal.Event, timeline uint32) (Message, error) {
+	headers := Headers{}
 	if len(ev.Headers) > 0 {
 		raw, err := decodeHeaders(ev.Headers)
 		if err != nil {
-			return amqp.Publishing{}, fmt.Errorf("event %s: headers column is not a JSON object: %w", ev.ID, err)
+			return Message{}, fmt.Errorf("event %s: headers column is not a JSON object: %w", ev.ID, err)
 		}
 		for k, v := range raw {
 			if t, ok := tableValue(v); ok {
@@ -109,14 +129,13 @@ func MessageOn(ev *wal.Event, timeline uint32) (amqp.Publishing, error) {
 	} else {
 		delete(headers, HeaderTimeline)
 	}
-	return amqp.Publishing{
-		Headers:      headers,
-		ContentType:  "application/json",
-		DeliveryMode: amqp.Persistent,
-		MessageId:    ev.ID,
-		Timestamp:    ev.CommitTime,
-		Type:         typ,
-		Body:         ev.Payload,
+	return Message{
+		Headers:     headers,
+		ContentType: "application/json",
+		ID:          ev.ID,
+		Time:        ev.CommitTime,
+		Type:        typ,
+		Body:        ev.Payload,
 	}, nil
 }
 
@@ -153,10 +172,10 @@ func decodeHeaders(b []byte) (map[string]any, error) {
 	return raw, nil
 }
 
-// tableValue converts a decoded JSON value to one an AMQP table accepts,
+// tableValue converts a decoded JSON value to a header value (Headers),
 // keeping its exact value (docs/messages.md, "Header values"). A null
 // member of an object is dropped, as absent and null mean the same to a
-// header reader; a null array element becomes AMQP void (nil), so the
+// header reader; a null array element stays nil (AMQP's void), so the
 // elements after it keep their positions.
 func tableValue(v any) (any, bool) {
 	switch x := v.(type) {
@@ -165,7 +184,7 @@ func tableValue(v any) (any, bool) {
 	case json.Number:
 		return numberValue(string(x)), true
 	case map[string]any:
-		t := make(amqp.Table, len(x))
+		t := make(Headers, len(x))
 		for k, e := range x {
 			if c, ok := tableValue(e); ok {
 				t[k] = c
@@ -183,11 +202,11 @@ func tableValue(v any) (any, bool) {
 	}
 }
 
-// numberValue is the AMQP value of the JSON number text s, the most
+// numberValue is the header value of the JSON number text s, the most
 // precise type from which s can be written back exactly (numberText):
-// an integer that fits int64 is an int64 ('l'); a number with a fraction
-// and no exponent whose digits fit AMQP's decimal (an int32 and a scale)
-// is an amqp.Decimal ('D'); everything else (integers beyond int64,
+// an integer that fits int64 is an int64 (AMQP's 'l'); a number with a
+// fraction and no exponent whose digits fit AMQP's decimal (an int32 and a
+// scale) is a Decimal ('D'); everything else (integers beyond int64,
 // longer decimals, exponent forms such as 1e400, and negative zero, which
 // neither type can sign) is a string holding s itself. AMQP has no exact
 // type for those, and a double would change them.
@@ -211,5 +230,5 @@ func numberValue(s string) any {
 	if err != nil {
 		return s
 	}
-	return amqp.Decimal{Scale: uint8(len(frac)), Value: int32(v)}
+	return Decimal{Scale: uint8(len(frac)), Value: int32(v)}
 }

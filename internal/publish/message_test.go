@@ -72,7 +72,7 @@ func TestMessage(t *testing.T) {
 			name:      "headers column is copied, its traceparent wins",
 			ev:        wal.Event{ID: "id1", Headers: []byte(`{"traceparent":"` + tp + `","n":3,"f":1.5,"b":true,"o":{"x":"y"},"l":[1,"a"],"z":null}`), Payload: []byte(`{"trace_context":"00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01"}`)},
 			wantTrace: tp,
-			headers:   map[string]any{"n": int64(3), "f": amqp.Decimal{Scale: 1, Value: 15}, "b": true, "o": amqp.Table{"x": "y"}, "l": []any{int64(1), "a"}},
+			headers:   map[string]any{"n": int64(3), "f": Decimal{Scale: 1, Value: 15}, "b": true, "o": Headers{"x": "y"}, "l": []any{int64(1), "a"}},
 		},
 		{
 			name:    "headers column that is not an object",
@@ -93,9 +93,16 @@ func TestMessage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if msg.MessageId != tt.ev.ID || msg.DeliveryMode != amqp.Persistent || msg.ContentType != "application/json" ||
-				!msg.Timestamp.Equal(commit) || string(msg.Body) != string(tt.ev.Payload) || msg.Type != tt.wantType {
+			if msg.ID != tt.ev.ID || msg.ContentType != "application/json" ||
+				!msg.Time.Equal(commit) || string(msg.Body) != string(tt.ev.Payload) || msg.Type != tt.wantType {
 				t.Fatalf("message %+v", msg)
+			}
+			// The AMQP adapter puts each field in its property, persistent.
+			wire := publishing(&msg)
+			if wire.MessageId != msg.ID || wire.DeliveryMode != amqp.Persistent || wire.ContentType != msg.ContentType ||
+				!wire.Timestamp.Equal(msg.Time) || string(wire.Body) != string(msg.Body) || wire.Type != msg.Type ||
+				len(wire.Headers) != len(msg.Headers) {
+				t.Fatalf("on the wire %+v", wire)
 			}
 			if msg.Headers[HeaderTimeline] != int64(2) || msg.Headers[HeaderCommitLSN] != "0/16B3748" || msg.Headers[HeaderTxIndex] != int64(4) {
 				t.Fatalf("position headers %v", msg.Headers)
@@ -112,7 +119,7 @@ func TestMessage(t *testing.T) {
 			if _, ok := msg.Headers["z"]; ok {
 				t.Fatal("JSON null header forwarded")
 			}
-			if err := msg.Headers.Validate(); err != nil {
+			if err := wire.Headers.Validate(); err != nil {
 				t.Fatalf("headers rejected by amqp: %v", err)
 			}
 		})
@@ -154,7 +161,7 @@ func TestMessageTimeline(t *testing.T) {
 		if msg.Headers[HeaderCommitLSN] != "0/1B4890F" || msg.Headers[HeaderTxIndex] != int64(52) {
 			t.Errorf("%s: pair headers %v", c.name, msg.Headers)
 		}
-		if err := msg.Headers.Validate(); err != nil {
+		if err := publishing(&msg).Headers.Validate(); err != nil {
 			t.Errorf("%s: headers rejected by amqp: %v", c.name, err)
 		}
 	}
@@ -170,7 +177,7 @@ func TestMessageTimeline(t *testing.T) {
 	if !equal(stream.Headers, backfill.Headers) {
 		t.Errorf("stream headers %#v, backfill headers %#v", stream.Headers, backfill.Headers)
 	}
-	if plain, err := Message(row(false, "")); err != nil || plain.Headers[HeaderTimeline] != nil {
+	if plain, err := MessageOn(row(false, ""), 0); err != nil || plain.Headers[HeaderTimeline] != nil {
 		t.Errorf("Message: %v, %s = %#v; want no timeline", err, HeaderTimeline, plain.Headers[HeaderTimeline])
 	}
 }
@@ -185,6 +192,17 @@ func TestLSNText(t *testing.T) {
 
 func equal(a, b any) bool {
 	switch x := a.(type) {
+	case Headers:
+		y, ok := b.(Headers)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for k := range x {
+			if !equal(x[k], y[k]) {
+				return false
+			}
+		}
+		return true
 	case amqp.Table:
 		y, ok := b.(amqp.Table)
 		if !ok || len(x) != len(y) {
@@ -230,10 +248,11 @@ func TestWireContract(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := inbox.PositionOf(msg.Headers)
+		wire := publishing(&msg) // the table the AMQP adapter sends
+		got := inbox.PositionOf(wire.Headers)
 		want := inbox.Position{Timeline: c.timeline, CommitLSN: uint64(c.lsn), TxIndex: int64(c.index), Valid: true}
 		if got != want {
-			t.Errorf("inbox reads %+v from %v, want %+v", got, msg.Headers, want)
+			t.Errorf("inbox reads %+v from %v, want %+v", got, wire.Headers, want)
 		}
 		if text := msg.Headers[HeaderCommitLSN]; text != got.LSNText() {
 			t.Errorf("the relay writes the commit LSN %v, inbox prints it %q", text, got.LSNText())

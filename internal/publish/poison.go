@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
@@ -61,12 +59,12 @@ func poisonReason(ev *wal.Event, maxMessageBytes int64) string {
 // deadLetter builds the message that carries a poison event to the
 // dead-letter exchange: the raw payload (cut to the size limit) and the
 // reason, with the same identity headers as a normal message.
-func deadLetter(ev *wal.Event, reason string, maxMessageBytes int64) amqp.Publishing {
+func deadLetter(ev *wal.Event, reason string, maxMessageBytes int64) Message {
 	body := ev.Payload
 	if int64(len(body)) > maxMessageBytes {
 		body = body[:maxMessageBytes]
 	}
-	headers := amqp.Table{
+	headers := Headers{
 		HeaderError:     reason,
 		HeaderCommitLSN: ev.CommitLSN.String(),
 		HeaderTxIndex:   int64(ev.Index),
@@ -81,13 +79,12 @@ func deadLetter(ev *wal.Event, reason string, maxMessageBytes int64) amqp.Publis
 		headers[HeaderID] = id
 		id = ""
 	}
-	return amqp.Publishing{
-		Headers:      headers,
-		ContentType:  "application/octet-stream",
-		DeliveryMode: amqp.Persistent,
-		MessageId:    id,
-		Timestamp:    ev.CommitTime,
-		Body:         body,
+	return Message{
+		Headers:     headers,
+		ContentType: "application/octet-stream",
+		ID:          id,
+		Time:        ev.CommitTime,
+		Body:        body,
 	}
 }
 
@@ -144,7 +141,7 @@ func (p *Publisher) sendCopy(ctx context.Context, l sinkLane, ev *wal.Event, f i
 		key = ""
 	}
 	msg := deadLetter(ev, reason, p.copyLimit())
-	if why := unsendableReason(p.DeadLetterExchange, key, &msg, p.frameMax()); why != "" {
+	if why := p.unsendable(p.DeadLetterExchange, key, &msg); why != "" {
 		// Never expected (deadLetter builds a sendable message); parking
 		// without the copy beats a restart loop.
 		p.Log.Error("poison event not dead-lettered: its dead letter cannot be sent", "event", logID(ev.ID), "reason", why)
@@ -152,7 +149,7 @@ func (p *Publisher) sendCopy(ctx context.Context, l sinkLane, ev *wal.Event, f i
 	}
 	f.copyOf, f.exchange, f.key, f.rowExchange = true, p.DeadLetterExchange, key, false
 	p.alone.set(l, f)
-	dc, err = l.publish(ctx, p.DeadLetterExchange, key, msg)
+	dc, err = l.publish(ctx, p.DeadLetterExchange, key, &msg)
 	if err != nil {
 		return nil, key, fmt.Errorf("dead-letter event %s: %w", logID(ev.ID), err)
 	}

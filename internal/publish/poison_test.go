@@ -37,14 +37,14 @@ func TestPoisonReason(t *testing.T) {
 func TestDeadLetter(t *testing.T) {
 	ev := wal.Event{ID: "id1", RoutingKey: strings.Repeat("k", 300), Payload: []byte("0123456789"), CommitLSN: 0x10, Index: 2}
 	msg := deadLetter(&ev, "why", 4)
-	if string(msg.Body) != "0123" || msg.MessageId != "id1" || msg.Headers[HeaderError] != "why" ||
+	if string(msg.Body) != "0123" || msg.ID != "id1" || msg.Headers[HeaderError] != "why" ||
 		msg.Headers[HeaderCommitLSN] != "0/10" || msg.Headers[HeaderTxIndex] != int64(2) {
 		t.Fatalf("dead letter %+v", msg)
 	}
 	if _, ok := msg.Headers["cdcrelay-routing-key"]; ok {
 		t.Fatal("an over-long routing key was copied into a header")
 	}
-	if err := msg.Headers.Validate(); err != nil {
+	if err := publishing(&msg).Headers.Validate(); err != nil {
 		t.Fatal(err)
 	}
 }

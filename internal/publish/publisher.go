@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
 
@@ -416,7 +415,7 @@ func (p *Publisher) publish(ctx context.Context, l sinkLane, ev *wal.Event, alon
 	// mandatory: an unroutable message comes back as basic.return, which is
 	// a failure, never a silent drop.
 	p.alone.set(l, f) // before the send: the broker may close the channel at once
-	dc, err := l.publish(ctx, f.exchange, ev.RoutingKey, msg)
+	dc, err := l.publish(ctx, f.exchange, ev.RoutingKey, &msg)
 	if err != nil {
 		if e := l.closeReason(); e != nil { // the broker closed the channel: say why
 			return f, fmt.Errorf("publish event %s: %w", logID(ev.ID), closedError("channel", e, true))
@@ -452,21 +451,22 @@ func (p *Publisher) Last() (at wal.Place, ok bool) {
 	return p.last, p.lastSet
 }
 
-// build makes ev's message, or says why it can never be sent: the decision
-// is taken on the message as the client library will encode it, so that
-// only a transport failure can make its publish fail.
-func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, string) {
+// build makes ev's message, or says why it can never be sent: the sink
+// takes the decision on the message as its client library will encode it
+// (sink.unsendable), so that only a transport failure can make its
+// publish fail.
+func (p *Publisher) build(ev *wal.Event, exchange string) (Message, string) {
 	if reason := p.Refused.reason(ev); reason != "" {
-		return amqp.Publishing{}, reason
+		return Message{}, reason
 	}
 	if reason := poisonReason(ev, p.MaxMessageBytes); reason != "" {
-		return amqp.Publishing{}, reason
+		return Message{}, reason
 	}
 	msg, err := MessageOn(ev, p.Timeline)
 	if err != nil {
-		return amqp.Publishing{}, clipText(err.Error())
+		return Message{}, clipText(err.Error())
 	}
-	return msg, unsendableReason(exchange, ev.RoutingKey, &msg, p.frameMax())
+	return msg, p.unsendable(exchange, ev.RoutingKey, &msg)
 }
 
 // publishError classifies a failed publish. A transport failure ends the
@@ -477,7 +477,8 @@ func (p *Publisher) build(ev *wal.Event, exchange string) (amqp.Publishing, stri
 // down after a frame error and may have sent part of the message): the
 // fate table's causeTransport and causeEncode (decide).
 func (p *Publisher) publishError(ev *wal.Event, err error) error {
-	if transport(err) {
+	var own *unencodable
+	if !errors.As(err, &own) {
 		return fmt.Errorf("publish event %s: %w", logID(ev.ID), err)
 	}
 	reason := "the client library could not encode it: " + clipText(err.Error())
@@ -487,10 +488,11 @@ func (p *Publisher) publishError(ev *wal.Event, err error) error {
 	return &EncodeError{ID: ev.ID, Reason: reason}
 }
 
-// frameMax is the frame size negotiated with the broker, 0 if unknown.
-func (p *Publisher) frameMax() int {
+// unsendable is the sink's verdict on msg (sink.unsendable); a publisher
+// without a sink (unit tests of build) has nobody to refuse it.
+func (p *Publisher) unsendable(exchange, key string, msg *Message) string {
 	if p.sink == nil {
-		return 0
+		return ""
 	}
-	return p.sink.frameMax()
+	return p.sink.unsendable(exchange, key, msg)
 }

@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"github.com/jackc/pglogrepl"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
@@ -29,54 +28,52 @@ type returnKey struct {
 }
 
 // returnBook holds returns until their message's confirm comes up in the
-// lane's order. The broker sends a return before the message's ack, so a
-// confirm never finds its return missing from here once the lane's returns
-// are drained.
+// lane's order. The broker's return of a message is readable before its
+// confirmation resolves (sinkLane), so a confirm never finds its return
+// missing from here once the lane's returns are drained (drainReturns).
 type returnBook struct {
 	mu sync.Mutex
-	m  map[returnKey]amqp.Return
+	m  map[returnKey]Returned
 }
 
-// note files a return read from l's returns channel. A closed channel is
-// the lane closing: a transport failure, never a return (invariant 3, docs/architecture.md).
-func (p *Publisher) noteReturn(l sinkLane, r amqp.Return, ok bool) error {
-	if !ok {
-		return laneClosed(l)
-	}
+// noteReturn files a return taken from l. One the relay cannot place
+// (it carries no identity headers, so this relay's build never sent it)
+// is an error: it might be any of the messages in flight.
+func (p *Publisher) noteReturn(l sinkLane, r Returned) error {
 	p.Metrics.returns.Inc()
 	key, placed := returnKeyOf(l, r)
-	if !placed { // no identity headers: never sent by this relay's build
+	if !placed {
 		return fmt.Errorf("%w: message %q to exchange %q with routing key %q: %d %s", ErrReturned,
-			clip(r.MessageId), r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+			clip(r.MessageID), r.Exchange, r.RoutingKey, r.Code, r.Reason)
 	}
 	p.returns.mu.Lock()
 	defer p.returns.mu.Unlock()
 	if p.returns.m == nil {
-		p.returns.m = make(map[returnKey]amqp.Return)
+		p.returns.m = make(map[returnKey]Returned)
 	}
 	p.returns.m[key] = r
 	return nil
 }
 
-// drainReturns files every return already waiting on l.
-func (p *Publisher) drainReturns(l sinkLane) {
+// drainReturns files every return l holds now. It is called once a
+// confirmation resolved and before its return is looked up: that is when
+// the lane's contract promises the return is there. It files them all and
+// reports the first it could not place.
+func (p *Publisher) drainReturns(l sinkLane) error {
+	var first error
 	for {
-		select {
-		case r, ok := <-l.returns():
-			if !ok {
-				return // the lane closed: its confirms say so
-			}
-			if err := p.noteReturn(l, r, true); err != nil {
-				p.Log.Warn("ignoring a returned message the relay cannot place", "error", err)
-			}
-		default:
-			return
+		r, ok := l.nextReturn()
+		if !ok {
+			return first
+		}
+		if err := p.noteReturn(l, r); err != nil && first == nil {
+			first = err
 		}
 	}
 }
 
 // takeReturn removes and returns f's return, if the broker returned it.
-func (p *Publisher) takeReturn(l sinkLane, f inflight) (amqp.Return, bool) {
+func (p *Publisher) takeReturn(l sinkLane, f inflight) (Returned, bool) {
 	p.returns.mu.Lock()
 	defer p.returns.mu.Unlock()
 	key := returnKey{l: l, at: f.at, copy: f.copyOf}
@@ -89,7 +86,7 @@ func (p *Publisher) takeReturn(l sinkLane, f inflight) (amqp.Return, bool) {
 
 // returnKeyOf places a returned message by the identity headers the relay
 // puts on every message and dead-letter copy.
-func returnKeyOf(l sinkLane, r amqp.Return) (returnKey, bool) {
+func returnKeyOf(l sinkLane, r Returned) (returnKey, bool) {
 	text, ok := r.Headers[HeaderCommitLSN].(string)
 	if !ok {
 		return returnKey{}, false
@@ -110,15 +107,15 @@ func returnKeyOf(l sinkLane, r amqp.Return) (returnKey, bool) {
 // CDCRELAY_UNROUTABLE=park it is poison; with stall the session ends on it,
 // after every event before it was acked, and the row is named wherever an
 // operator looks (log, /readyz through the error, cdcrelay_stalled_event_info).
-func (p *Publisher) unroutable(ctx context.Context, l sinkLane, f inflight, r amqp.Return) error {
+func (p *Publisher) unroutable(ctx context.Context, l sinkLane, f inflight, r Returned) error {
 	if act := p.fate(causeUnroutable); act != actStall {
 		reason := fmt.Sprintf("unroutable: the broker returned it from exchange %q with routing key %q (%d %s)",
-			r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+			r.Exchange, r.RoutingKey, r.Code, r.Reason)
 		return p.parkLate(ctx, l, f, reason, act)
 	}
 	p.Carryover.stall(Stall{ID: f.id, Exchange: r.Exchange, RoutingKey: r.RoutingKey, Cause: CauseNoRoute, At: f.at}, p.Metrics)
 	return fmt.Errorf("%w: event %s to exchange %q with routing key %q: %d %s (bind a queue for this key, or set CDCRELAY_UNROUTABLE=park to park such rows)",
-		ErrReturned, logID(f.id), r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+		ErrReturned, logID(f.id), r.Exchange, r.RoutingKey, r.Code, r.Reason)
 }
 
 // parkLate parks an event the broker refused after it was published: the

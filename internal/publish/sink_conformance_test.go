@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -40,6 +41,7 @@ func runSinkConformance(t *testing.T, newRig func(t *testing.T, lanes int) sinkR
 		{"ConfirmsEveryPublishOnce", conformConfirms},
 		{"Nack", conformNack},
 		{"ReturnBeforeAck", conformReturnBeforeAck},
+		{"Unencodable", conformUnencodable},
 		{"ChannelCloseMidFlight", conformChannelClose},
 		{"Abort", conformAbort},
 	} {
@@ -67,14 +69,30 @@ func (r sinkRig) send(t *testing.T, key string, n int) []confirmation {
 	_, l := r.laneFor(key)
 	var out []confirmation
 	for i := range n {
-		msg := amqp.Publishing{MessageId: fmt.Sprintf("%s-%d", key, i), DeliveryMode: amqp.Persistent, Body: []byte("x")}
-		dc, err := l.publish(context.Background(), r.exchange, key, msg)
+		msg := Message{ID: fmt.Sprintf("%s-%d", key, i), Body: []byte("x"), Headers: conformHeaders}
+		dc, err := l.publish(context.Background(), r.exchange, key, &msg)
 		if err != nil {
-			t.Fatalf("publish %s: %v", msg.MessageId, err)
+			t.Fatalf("publish %s: %v", msg.ID, err)
 		}
 		out = append(out, dc)
 	}
 	return out
+}
+
+// conformHeaders are on every message the suite sends: each kind of header
+// value the core builds (message.go), which a return must carry back as
+// sent (returnKeyOf places a return by its headers).
+var conformHeaders = Headers{
+	HeaderCommitLSN: "0/16B3748", HeaderTxIndex: int64(4), "s": "x", "b": true,
+	"d": Decimal{Scale: 2, Value: 1250}, "o": Headers{"l": []any{int64(1), nil, Decimal{Scale: 1, Value: -5}}},
+}
+
+// noReturn fails when l holds a return.
+func noReturn(t *testing.T, l sinkLane, when string) {
+	t.Helper()
+	if ret, ok := l.nextReturn(); ok {
+		t.Fatalf("%s: a return %+v", when, ret)
+	}
 }
 
 // resolve waits for c's answer and reports whether it is an ack.
@@ -114,11 +132,7 @@ func conformConfirms(t *testing.T, r sinkRig) {
 			t.Fatalf("message %d nacked", i)
 		}
 	}
-	select {
-	case ret := <-l.returns():
-		t.Fatalf("a routable message was returned: %+v", ret)
-	default:
-	}
+	noReturn(t, l, "routable messages acked")
 	if l.isClosed() || l.closeReason() != nil {
 		t.Fatalf("lane closed after acks: %v", l.closeReason())
 	}
@@ -141,29 +155,58 @@ func conformNack(t *testing.T, r sinkRig) {
 	}
 }
 
-// conformReturnBeforeAck: an unroutable message is on returns by the time
-// its confirmation resolves (the returns book relies on it), then acked.
+// conformReturnBeforeAck: an unroutable message is readable through
+// nextReturn by the time its confirmation resolves (the returns book
+// relies on it), with where it was sent and its headers as sent, then
+// acked; nextReturn then holds nothing more.
 func conformReturnBeforeAck(t *testing.T, r sinkRig) {
 	_, l := r.laneFor(keyNoRoute)
 	c := r.send(t, keyNoRoute, 1)[0]
 	acked := resolve(t, c)
-	select {
-	case ret := <-l.returns():
-		if ret.MessageId != keyNoRoute+"-0" || ret.ReplyCode != amqp.NoRoute {
-			t.Fatalf("return %q code %d", ret.MessageId, ret.ReplyCode)
-		}
-	default:
+	ret, ok := l.nextReturn()
+	if !ok {
 		t.Fatal("the confirmation resolved before its return arrived")
+	}
+	if ret.MessageID != keyNoRoute+"-0" || ret.Code != amqp.NoRoute || ret.Exchange != r.exchange || ret.RoutingKey != keyNoRoute {
+		t.Fatalf("return %+v", ret)
+	}
+	if !equal(ret.Headers, conformHeaders) {
+		t.Fatalf("returned headers %#v, sent %#v", ret.Headers, conformHeaders)
 	}
 	if !acked {
 		t.Fatal("a returned message was nacked")
+	}
+	noReturn(t, l, "the one return taken")
+}
+
+// conformUnencodable: a message the sink judges unsendable is one its
+// publish cannot encode, and a publish failing for that says so with an
+// *unencodable error (the row's fault, never the transport's); the lane
+// stays usable after a value its library refuses before sending.
+func conformUnencodable(t *testing.T, r sinkRig) {
+	_, l := r.laneFor(keyAck)
+	bad := Message{ID: "bad", Body: []byte("x"), Headers: Headers{"u": uint64(1)}}
+	if why := r.sink.unsendable(r.exchange, keyAck, &bad); why == "" {
+		t.Fatal("unsendable accepts a header value of a type the sink cannot encode")
+	}
+	good := Message{ID: "good", Body: []byte("x"), Headers: conformHeaders}
+	if why := r.sink.unsendable(r.exchange, keyAck, &good); why != "" {
+		t.Fatalf("unsendable refuses the core's own header values: %s", why)
+	}
+	_, err := l.publish(context.Background(), r.exchange, keyAck, &bad)
+	var own *unencodable
+	if !errors.As(err, &own) {
+		t.Fatalf("publish of an unencodable message: %v, want an *unencodable error", err)
+	}
+	if c := r.send(t, keyAck, 1)[0]; !resolve(t, c) {
+		t.Fatal("a message after the refused one was nacked")
 	}
 }
 
 // conformChannelClose: the broker closing a lane mid-flight resolves every
 // outstanding confirmation, with the reason readable at once as soon as
-// any of them resolves unacked; closing and returns then close, publishing
-// fails, and the other lane is untouched.
+// any of them resolves unacked; closing then closes, no return is left,
+// publishing fails, and the other lane is untouched.
 func conformChannelClose(t *testing.T, r sinkRig) {
 	i, l := r.laneFor(keyAck)
 	pending := r.send(t, keyAck, 20)
@@ -182,11 +225,11 @@ func conformChannelClose(t *testing.T, r sinkRig) {
 		t.Fatal("closing never fired")
 	}
 	closedWithin(t, "closing", l.closing())
-	closedWithin(t, "returns", l.returns())
+	noReturn(t, l, "lane closed")
 	if e := l.closeReason(); e == nil || e.kind != closeNoExchange || !l.isClosed() {
 		t.Fatalf("closeReason %+v, isClosed %v", e, l.isClosed())
 	}
-	if _, err := l.publish(context.Background(), r.exchange, keyAck, amqp.Publishing{}); err == nil {
+	if _, err := l.publish(context.Background(), r.exchange, keyAck, &Message{}); err == nil {
 		t.Fatal("publish on a closed lane succeeded")
 	}
 	if other := r.sink.lanes()[1-i]; other.isClosed() {
@@ -206,14 +249,14 @@ func conformAbort(t *testing.T, r sinkRig) {
 	}
 	for i, l := range r.sink.lanes() {
 		closedWithin(t, fmt.Sprintf("lane %d closing", i), l.closing())
-		closedWithin(t, fmt.Sprintf("lane %d returns", i), l.returns())
+		noReturn(t, l, fmt.Sprintf("lane %d after Abort", i))
 		if !l.isClosed() {
 			t.Fatalf("lane %d open after Abort", i)
 		}
-		if _, err := l.publish(context.Background(), r.exchange, keyAck, amqp.Publishing{}); err == nil {
+		if _, err := l.publish(context.Background(), r.exchange, keyAck, &Message{}); err == nil {
 			t.Fatalf("publish on lane %d after Abort succeeded", i)
 		}
 	}
-	closedWithin(t, "blocked", r.sink.blocked())
+	closedWithin(t, "flow", r.sink.flow())
 	r.sink.Abort()
 }

@@ -97,7 +97,7 @@ func amqpRig(t *testing.T, url string, lanes int) sinkRig {
 		closeLane: func(t *testing.T, i int) {
 			// A publish to an exchange that does not exist: the broker
 			// closes the channel with a 404.
-			if _, err := link.lanes()[i].publish(context.Background(), missing, "k", amqp.Publishing{}); err != nil {
+			if _, err := link.lanes()[i].publish(context.Background(), missing, "k", &Message{}); err != nil {
 				t.Fatal(err)
 			}
 		},

@@ -122,13 +122,13 @@ func TestUnsendableMessages(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			msg, err := Message(&tt.ev)
+			msg, err := MessageOn(&tt.ev, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := unsendableReason("ex", "k", &msg, 131072)
+			got := amqpUnsendable("ex", "k", &msg, 131072)
 			if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
-				t.Fatalf("unsendableReason = %q, want %q", got, tt.want)
+				t.Fatalf("amqpUnsendable = %q, want %q", got, tt.want)
 			}
 			if strings.Contains(got, long) {
 				t.Fatalf("reason quotes the whole value: %q", got)
@@ -198,7 +198,7 @@ func TestEncodeErrorRemembered(t *testing.T) {
 		t.Fatalf("event refused after a transport error: %s", reason)
 	}
 
-	err := p.publishError(&ev, fmt.Errorf("amqp: shortstr %q exceeds 255 bytes", long))
+	err := p.publishError(&ev, &unencodable{err: fmt.Errorf("amqp: shortstr %q exceeds 255 bytes", long)})
 	var encErr *EncodeError
 	if !errors.As(err, &encErr) || strings.Contains(err.Error(), long) {
 		t.Fatalf("encoding error: %v", err)
@@ -273,10 +273,10 @@ func TestDeadLetterLongID(t *testing.T) {
 	long := strings.Repeat("i", 300)
 	ev := wal.Event{ID: long, RoutingKey: "k", Payload: []byte(`{}`)}
 	msg := deadLetter(&ev, "why", 1024)
-	if msg.MessageId != "" || msg.Headers[HeaderID] != long {
-		t.Fatalf("dead letter id %q, header %v", msg.MessageId, msg.Headers[HeaderID])
+	if msg.ID != "" || msg.Headers[HeaderID] != long {
+		t.Fatalf("dead letter id %q, header %v", msg.ID, msg.Headers[HeaderID])
 	}
-	if reason := unsendableReason("dlx", "k", &msg, 131072); reason != "" {
+	if reason := amqpUnsendable("dlx", "k", &msg, 131072); reason != "" {
 		t.Fatalf("dead letter unsendable: %s", reason)
 	}
 }
