@@ -45,7 +45,7 @@ func (o Outbox) Columns() []string {
 
 // AdoptionSuffix ends every adoption marker's name: the physical slot
 // named after the slot that exists while a new slot's backlog is being
-// published (slot.AdoptionSlotName).
+// published (adoption.MarkerName).
 const AdoptionSuffix = "_adopting"
 
 // MaxSlotNameLen is the longest slot name the relay accepts: its marker
@@ -55,7 +55,7 @@ const MaxSlotNameLen = 63 - len(AdoptionSuffix)
 
 // CheckSlotName refuses slot names that cannot get a marker of their own.
 // With the name at most MaxSlotNameLen characters and not ending in
-// AdoptionSuffix, slot.AdoptionSlotName is injective and no configured slot name
+// AdoptionSuffix, adoption.MarkerName is injective and no configured slot name
 // equals another slot's marker, so one relay can never take another slot's
 // marker for its own.
 func CheckSlotName(name string) error {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcrelay/cdcrelay/internal/adoption"
 	"github.com/cdcrelay/cdcrelay/internal/progress"
 	"github.com/cdcrelay/cdcrelay/internal/publish"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
@@ -25,7 +26,7 @@ import (
 // lost ending (the slot lock lost) at once (backlog).
 func (r *Relay) adopt(ctx, soft, lost context.Context, db, sdb *pgx.Conn, repl *pgconn.PgConn, link *publish.Link, locked bool) (pglogrepl.LSN, error) {
 	if !locked {
-		if err := slot.BeginAdoption(ctx, sdb, r.cfg.Slot); err != nil {
+		if err := adoption.Begin(ctx, sdb, r.cfg.Slot); err != nil {
 			return 0, err
 		}
 	}
@@ -103,7 +104,7 @@ func (r *Relay) backlog(ctx, soft, lost context.Context, sdb *pgx.Conn, link *pu
 			var err error
 			// The exported snapshot is the slot server's: a standby's cannot
 			// be imported on the primary.
-			n, err = slot.Backfill(feed, sdb, created, r.mapping, p.watermark, rows, func(n int64) { r.metrics.backfillRows.Set(float64(n)) })
+			n, err = adoption.Backfill(feed, sdb, created, r.mapping, p.watermark, rows, func(n int64) { r.metrics.backfillRows.Set(float64(n)) })
 			return p.fed(feed, err)
 		},
 		func(pctx context.Context) error {
@@ -133,7 +134,7 @@ func (r *Relay) backlog(ctx, soft, lost context.Context, sdb *pgx.Conn, link *pu
 		r.log.Info("stopped the adoption; the next start publishes the rest of the backlog", "read", n)
 		return fmt.Errorf("publish backlog: stopped after reading %d rows: %w", n, context.Cause(soft))
 	}
-	if err := slot.EndAdoption(ctx, sdb, r.cfg.Slot); err != nil {
+	if err := adoption.End(ctx, sdb, r.cfg.Slot); err != nil {
 		return err
 	}
 	r.unfinished = unfinishedAdoption{}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cdcrelay/cdcrelay/internal/adoption"
 	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
@@ -169,8 +170,8 @@ func (r *Relay) prepare(ctx context.Context, db, sdb *pgx.Conn) (info slot.Info,
 		// The marker outlives an adoption that failed (a refusal, a lost
 		// connection) or whose relay died: a live adopter of this version
 		// holds the slot lock, which is ours, and one of an older version
-		// holds the adoption lock, for which BeginAdoption reports ErrBusy.
-		if err := slot.BeginAdoption(ctx, sdb, r.cfg.Slot); err != nil {
+		// holds the adoption lock, for which adoption.Begin reports ErrBusy.
+		if err := adoption.Begin(ctx, sdb, r.cfg.Slot); err != nil {
 			return info, 0, false, err
 		}
 		adopting = true

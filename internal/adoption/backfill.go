@@ -1,4 +1,4 @@
-package slot
+package adoption
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
 
@@ -50,7 +51,7 @@ type Sequencer interface{ NextSeq() uint64 }
 // total, if not nil, is told first how many rows the snapshot holds to
 // publish (counted in the same snapshot): with the events sent since, the
 // adoption's progress and what is left.
-func Backfill(ctx context.Context, db *pgx.Conn, c Created, m wal.Mapping, seq Sequencer, out chan<- wal.Event, total func(int64)) (int, error) {
+func Backfill(ctx context.Context, db *pgx.Conn, c slot.Created, m wal.Mapping, seq Sequencer, out chan<- wal.Event, total func(int64)) (int, error) {
 	defer close(out)
 	query, err := backfillQuery(ctx, db, m)
 	if err != nil {

@@ -1,4 +1,4 @@
-package slot
+package adoption
 
 import (
 	"strings"
@@ -7,10 +7,10 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/config"
 )
 
-// TestAdoptionSlotNamesCollisionFree: slot names sharing a long prefix get
+// TestMarkerNamesCollisionFree: slot names sharing a long prefix get
 // markers of their own, names that could not are refused, and no accepted
 // name is another accepted name's marker.
-func TestAdoptionSlotNamesCollisionFree(t *testing.T) {
+func TestMarkerNamesCollisionFree(t *testing.T) {
 	prefix := strings.Repeat("a", 53)
 	accepted := []string{"cdcrelay_outbox", "a", prefix, prefix + "b", prefix + "c", strings.Repeat("z", config.MaxSlotNameLen), "x_adoptin", "adopting", "_adopting_x"}
 	refused := []string{
@@ -24,7 +24,7 @@ func TestAdoptionSlotNamesCollisionFree(t *testing.T) {
 		if err := config.CheckSlotName(name); err != nil {
 			t.Fatalf("CheckSlotName(%q): %v", name, err)
 		}
-		m := AdoptionSlotName(name)
+		m := MarkerName(name)
 		if len(m) > 63 {
 			t.Fatalf("marker of %q is %d characters", name, len(m))
 		}

@@ -1,4 +1,4 @@
-package slot
+package adoption
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 	"github.com/cdcrelay/cdcrelay/migrations"
@@ -100,7 +101,7 @@ func backfillBenchOnce(b *testing.B, db, holder *pgx.Conn, m wal.Mapping) int {
 		}
 		done <- n
 	}()
-	if _, err := Backfill(ctx, db, Created{Snapshot: snapshot}, m, &backfillBenchSeq{}, out, nil); err != nil {
+	if _, err := Backfill(ctx, db, slot.Created{Snapshot: snapshot}, m, &backfillBenchSeq{}, out, nil); err != nil {
 		b.Fatal(err)
 	}
 	return <-done

@@ -1,4 +1,4 @@
-package slot
+package adoption
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcrelay/cdcrelay/internal/config"
+	"github.com/cdcrelay/cdcrelay/internal/slot"
 	"github.com/cdcrelay/cdcrelay/internal/testenv"
 	"github.com/cdcrelay/cdcrelay/internal/wal"
 )
@@ -138,7 +139,7 @@ func TestIntegrationBackfillByBytes(t *testing.T) {
 	exec(`INSERT INTO outbox VALUES ('y-later', 'k', 'x', NULL, $1, NULL)`, at)
 
 	m := wal.Mapping{Outbox: config.Outbox{Schema: "public", Table: "outbox", IDColumn: "id", RoutingKeyColumn: "routing_key", PayloadColumn: "payload", HeadersColumn: "headers"}, MaxMessageBytes: limit}
-	c := Created{ConsistentPoint: pglogrepl.LSN(0x16B3748), Snapshot: snapshot}
+	c := slot.Created{ConsistentPoint: pglogrepl.LSN(0x16B3748), Snapshot: snapshot}
 	out := make(chan wal.Event, 2000)
 	var total int64
 	n, err := Backfill(ctx, db, c, m, &backfillTestSeq{}, out, func(n int64) { total = n })
