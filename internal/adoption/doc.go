@@ -10,5 +10,6 @@
 // use of a slot, with its own state and its own reading of the outbox
 // table. It builds on slot (slot.Created, slot.Drop, slot.ErrBusy); slot
 // never imports it. slot.ReadSlot reports the marker (Info.Adopting) by
-// the same name as MarkerName.
+// the same name as MarkerName; TestIntegrationBeginEnd holds the two to
+// one name.
 package adoption

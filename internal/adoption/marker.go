@@ -23,7 +23,8 @@ import (
 // the marker is unique as the slot is. It is the one piece of the relay's
 // memory kept in the database (docs/architecture.md, "What the relay
 // remembers"). slot.ReadSlot looks for the marker by the same name (it
-// cannot call this: adoption imports slot).
+// cannot call this: adoption imports slot); TestIntegrationBeginEnd holds
+// the two to one name.
 func MarkerName(slotName string) string {
 	return slotName + config.AdoptionSuffix
 }

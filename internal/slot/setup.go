@@ -108,11 +108,11 @@ func Inspect(ctx context.Context, db *pgx.Conn, t config.Outbox, recreateLost bo
 
 // ReadSlot reads the slot named name and its adoption marker, whose name
 // it spells as adoption.MarkerName does: package adoption builds on this
-// one, which cannot import it. The columns PostgreSQL added after 13 are
-// read through to_jsonb, so one statement serves every version: a missing
-// one is NULL (conflicting from 16, pgcaps.Caps.DecodesOnStandby;
-// failover, synced and invalidation_reason from 17,
-// pgcaps.Caps.FailoverSlots).
+// one, which cannot import it (TestIntegrationBeginEnd holds the two to
+// one name). The columns PostgreSQL added after 13 are read through
+// to_jsonb, so one statement serves every version: a missing one is NULL
+// (conflicting from 16, pgcaps.Caps.DecodesOnStandby; failover, synced and
+// invalidation_reason from 17, pgcaps.Caps.FailoverSlots).
 func ReadSlot(ctx context.Context, db *pgx.Conn, name string) (Info, error) {
 	var info Info
 	var raw []byte
