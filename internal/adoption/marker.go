@@ -18,9 +18,8 @@ import (
 // published. A relay that finds it next to the slot knows the adoption did
 // not finish: its own failed attempt, whose slot it keeps and whose
 // backlog it goes on with, or a dead relay's, whose slot it creates again.
-// Slot names are
-// cluster-wide and config.CheckSlotName keeps this mapping injective, so
-// the marker is unique as the slot is. It is the one piece of the relay's
+// Slot names are cluster-wide and config.CheckSlotName keeps this mapping
+// injective, so the marker is unique as the slot is. It is the one piece of the relay's
 // memory kept in the database (docs/architecture.md, "What the relay
 // remembers"). slot.ReadSlot looks for the marker by the same name (it
 // cannot call this: adoption imports slot); TestIntegrationBeginEnd holds
