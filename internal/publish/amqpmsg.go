@@ -12,7 +12,7 @@ import (
 // publishing is msg as amqp091-go publishes it.
 func publishing(msg *Message) amqp.Publishing {
 	return amqp.Publishing{
-		Headers:      amqpTable(msg.Headers),
+		Headers:      amqpHeaders(msg),
 		ContentType:  msg.ContentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    msg.ID,
@@ -20,6 +20,22 @@ func publishing(msg *Message) amqp.Publishing {
 		Type:         msg.Type,
 		Body:         msg.Body,
 	}
+}
+
+// amqpHeaders is msg's headers as an AMQP table, converted on the first
+// call and kept on the message for the next: Link.unsendable judges the
+// table and lane.publish sends the same one, so headers that need a copy
+// (amqpTable) are copied once per message. A map stored in an interface
+// costs no allocation.
+func amqpHeaders(msg *Message) amqp.Table {
+	if t, ok := msg.sinkHeaders.(amqp.Table); ok {
+		return t
+	}
+	t := amqpTable(msg.Headers)
+	if t != nil {
+		msg.sinkHeaders = t
+	}
+	return t
 }
 
 // amqpTable is h as an AMQP table. Most messages' headers hold only

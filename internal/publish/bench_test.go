@@ -63,3 +63,34 @@ func BenchmarkMessage(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAMQPAdapter is the AMQP adapter's own per-message work, which
+// the seam added: the message judged (Link.unsendable: converted, then
+// walked by AMQP's rules) and converted again for amqp091-go (publishing),
+// for the envelope event and for one with a headers column holding a
+// nested object (the case that copies the table).
+func BenchmarkAMQPAdapter(b *testing.B) {
+	nested := benchEvent()
+	nested.Headers = []byte(`{"tenant": "acme", "price": 12.50, "o": {"a": [1, "x"]}}`)
+	for _, c := range []struct {
+		name string
+		ev   wal.Event
+	}{{"envelope", benchEvent()}, {"nested headers", nested}} {
+		msg, err := MessageOn(&c.ev, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				m := msg // each event's message is new to the sink
+				if why := amqpUnsendable("outbox", c.ev.RoutingKey, &m, 131072); why != "" {
+					b.Fatal(why)
+				}
+				if pub := publishing(&m); pub.MessageId != c.ev.ID {
+					b.Fatalf("message id %q", pub.MessageId)
+				}
+			}
+		})
+	}
+}

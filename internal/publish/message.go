@@ -71,6 +71,12 @@ type Message struct {
 	Time        time.Time // the transaction's commit time
 	Headers     Headers
 	Body        []byte
+
+	// sinkHeaders is the sink's own form of Headers, which a sink may keep
+	// between judging the message (sink.unsendable) and publishing it, so
+	// that it converts the headers once (amqpmsg.go, amqpHeaders). The
+	// core never changes a message once a sink has seen it.
+	sinkHeaders any
 }
 
 // Headers are a message's headers. A value is a string, a bool, an int64,

@@ -190,30 +190,16 @@ func TestLSNText(t *testing.T) {
 	}
 }
 
+// equal compares header values exactly, types included: an amqp.Table
+// equals only an amqp.Table, Headers only Headers.
 func equal(a, b any) bool {
 	switch x := a.(type) {
 	case Headers:
 		y, ok := b.(Headers)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for k := range x {
-			if !equal(x[k], y[k]) {
-				return false
-			}
-		}
-		return true
+		return ok && equalMaps(x, y)
 	case amqp.Table:
 		y, ok := b.(amqp.Table)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for k := range x {
-			if !equal(x[k], y[k]) {
-				return false
-			}
-		}
-		return true
+		return ok && equalMaps(x, y)
 	case []any:
 		y, ok := b.([]any)
 		if !ok || len(x) != len(y) {
@@ -228,6 +214,18 @@ func equal(a, b any) bool {
 	default:
 		return a == b
 	}
+}
+
+func equalMaps(x, y map[string]any) bool {
+	if len(x) != len(y) {
+		return false
+	}
+	for k := range x {
+		if !equal(x[k], y[k]) {
+			return false
+		}
+	}
+	return true
 }
 
 // TestWireContract: what MessageOn writes is what the public inbox package

@@ -466,7 +466,8 @@ func (p *Publisher) build(ev *wal.Event, exchange string) (Message, string) {
 	if err != nil {
 		return Message{}, clipText(err.Error())
 	}
-	return msg, p.unsendable(exchange, ev.RoutingKey, &msg)
+	why := p.unsendable(exchange, ev.RoutingKey, &msg) // first: the copy returned keeps Message.sinkHeaders
+	return msg, why
 }
 
 // publishError classifies a failed publish. A transport failure ends the
