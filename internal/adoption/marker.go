@@ -13,20 +13,14 @@ import (
 	"github.com/cdcrelay/cdcrelay/internal/slot"
 )
 
-// MarkerName names the adoption marker of a slot: a physical slot that
+// The adoption marker (config.AdoptionMarkerName) is a physical slot that
 // reserves no WAL and exists only while the backlog of a new slot is being
 // published. A relay that finds it next to the slot knows the adoption did
 // not finish: its own failed attempt, whose slot it keeps and whose
 // backlog it goes on with, or a dead relay's, whose slot it creates again.
-// Slot names are cluster-wide and config.CheckSlotName keeps this mapping
-// injective, so the marker is unique as the slot is. It is the one piece of the relay's
-// memory kept in the database (docs/architecture.md, "What the relay
-// remembers"). slot.ReadSlot looks for the marker by the same name (it
-// cannot call this: adoption imports slot); TestIntegrationBeginEnd holds
-// the two to one name.
-func MarkerName(slotName string) string {
-	return slotName + config.AdoptionSuffix
-}
+// Slot names are cluster-wide and config.CheckSlotName keeps the marker's
+// name unique as the slot's is. It is the one piece of the relay's memory
+// kept in the database (docs/architecture.md, "What the relay remembers").
 
 // Begin takes the adoption lock and creates the marker. The relay calls
 // it only while it holds the slot lock, which already excludes every
@@ -43,12 +37,12 @@ func Begin(ctx context.Context, db *pgx.Conn, slotName string) error {
 	if !locked {
 		return fmt.Errorf("%w: another relay is publishing the backlog of slot %s", slot.ErrBusy, slotName)
 	}
-	_, err := db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, MarkerName(slotName))
+	_, err := db.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, false)`, config.AdoptionMarkerName(slotName))
 	// A marker left by an adoption that did not finish stays, and marks
 	// this one.
 	var pgErr *pgconn.PgError
 	if err != nil && (!errors.As(err, &pgErr) || pgErr.Code != pgerr.DuplicateObject) {
-		return fmt.Errorf("create adoption marker %s: %w", MarkerName(slotName), err)
+		return fmt.Errorf("create adoption marker %s: %w", config.AdoptionMarkerName(slotName), err)
 	}
 	return nil
 }
@@ -56,7 +50,7 @@ func Begin(ctx context.Context, db *pgx.Conn, slotName string) error {
 // End drops the marker and releases the adoption lock: the slot's backlog
 // is published and streaming may begin.
 func End(ctx context.Context, db *pgx.Conn, slotName string) error {
-	if err := slot.Drop(ctx, db, MarkerName(slotName)); err != nil {
+	if err := slot.Drop(ctx, db, config.AdoptionMarkerName(slotName)); err != nil {
 		return fmt.Errorf("drop adoption marker: %w", err)
 	}
 	if _, err := db.Exec(ctx, `SELECT pg_advisory_unlock(hashtext('cdcrelay adoption ' || $1))`, slotName); err != nil {

@@ -43,10 +43,18 @@ func (o Outbox) Columns() []string {
 	return []string{o.IDColumn, o.RoutingKeyColumn, o.PayloadColumn, o.HeadersColumn, o.ExchangeColumn, o.TypeColumn}
 }
 
-// AdoptionSuffix ends every adoption marker's name: the physical slot
-// named after the slot that exists while a new slot's backlog is being
-// published (adoption.MarkerName).
+// AdoptionSuffix ends every adoption marker's name (AdoptionMarkerName).
 const AdoptionSuffix = "_adopting"
+
+// AdoptionMarkerName names the adoption marker of slot slotName: a
+// physical slot that reserves no WAL and exists only while the backlog of
+// a new slot is being published (package adoption creates and drops it;
+// slot.ReadSlot reports it). Its one spelling lives here, beside the rule
+// that keeps it unique (CheckSlotName), so that the package that writes
+// the marker and the one that reads it cannot disagree.
+func AdoptionMarkerName(slotName string) string {
+	return slotName + AdoptionSuffix
+}
 
 // MaxSlotNameLen is the longest slot name the relay accepts: its marker
 // must fit PostgreSQL's 63-character limit whole (NAMEDATALEN - 1), or two
@@ -55,7 +63,7 @@ const MaxSlotNameLen = 63 - len(AdoptionSuffix)
 
 // CheckSlotName refuses slot names that cannot get a marker of their own.
 // With the name at most MaxSlotNameLen characters and not ending in
-// AdoptionSuffix, adoption.MarkerName is injective and no configured slot name
+// AdoptionSuffix, AdoptionMarkerName is injective and no configured slot name
 // equals another slot's marker, so one relay can never take another slot's
 // marker for its own.
 func CheckSlotName(name string) error {

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/cdcrelay/cdcrelay/internal/adoption"
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/pgconnect"
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
@@ -83,7 +83,7 @@ func (r *Relay) dropMade(ctx context.Context, err error) error {
 	}
 	made := r.made
 	r.made, r.unfinished = madeSlot{}, unfinishedAdoption{}
-	names := []string{made.name, adoption.MarkerName(made.name)}
+	names := []string{made.name, config.AdoptionMarkerName(made.name)}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropMadeWait)
 	defer cancel()
 	if derr := r.dropSlots(dctx, made); derr != nil {
@@ -125,7 +125,7 @@ func (r *Relay) dropSlots(ctx context.Context, made madeSlot) error {
 	if info.Exists && info.ConfirmedFlush != made.at {
 		return fmt.Errorf("slot %s is at %s, not at the consistent point %s this start created it with: kept", made.name, info.ConfirmedFlush, made.at)
 	}
-	for _, name := range []string{made.name, adoption.MarkerName(made.name)} {
+	for _, name := range []string{made.name, config.AdoptionMarkerName(made.name)} {
 		for {
 			err := slot.Drop(ctx, sdb, name)
 			if err == nil {

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/cdcrelay/cdcrelay/internal/adoption"
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/preflight"
 	"github.com/cdcrelay/cdcrelay/internal/relay"
 	"github.com/cdcrelay/cdcrelay/internal/slot"
@@ -255,18 +255,18 @@ func TestIntegrationMarkerSeenUnderAnotherOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner := slotownHoldLock(t, e)
-	if _, err := e.db.Exec(context.Background(), `SELECT pg_create_physical_replication_slot($1, false)`, adoption.MarkerName(slotName)); err != nil {
+	if _, err := e.db.Exec(context.Background(), `SELECT pg_create_physical_replication_slot($1, false)`, config.AdoptionMarkerName(slotName)); err != nil {
 		t.Fatal(err)
 	}
 	streamed, _ := insertTxns(t, e.db, "k", 20)
 	c := e.startRelay(map[string]string{"MONITOR_INTERVAL": standbyClock.String()})
 	slotownWaitStandbyUntouched(t, c)
 	standbyLiveFor(t, c, 2*time.Second)
-	if s := slotownSlots(t, e.db); !s[slotName] || !s[adoption.MarkerName(slotName)] {
+	if s := slotownSlots(t, e.db); !s[slotName] || !s[config.AdoptionMarkerName(slotName)] {
 		t.Fatalf("slots while another owner holds the lock: %v; the waiting relay touched them", s)
 	}
 	// The owner finishes its adoption (drops the marker) and goes away.
-	if _, err := e.db.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, adoption.MarkerName(slotName)); err != nil {
+	if _, err := e.db.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, config.AdoptionMarkerName(slotName)); err != nil {
 		t.Fatal(err)
 	}
 	if err := owner.Close(context.Background()); err != nil {

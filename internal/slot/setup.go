@@ -106,10 +106,8 @@ func Inspect(ctx context.Context, db *pgx.Conn, t config.Outbox, recreateLost bo
 	return info, refusal(SlotProblems(Scope{Outbox: t, RecreateLost: recreateLost}, info))
 }
 
-// ReadSlot reads the slot named name and its adoption marker, whose name
-// it spells as adoption.MarkerName does: package adoption builds on this
-// one, which cannot import it (TestIntegrationBeginEnd holds the two to
-// one name). The columns PostgreSQL added after 13 are read through
+// ReadSlot reads the slot named name and its adoption marker
+// (config.AdoptionMarkerName). The columns PostgreSQL added after 13 are read through
 // to_jsonb, so one statement serves every version: a missing one is NULL
 // (conflicting from 16, pgcaps.Caps.DecodesOnStandby; failover, synced and
 // invalidation_reason from 17, pgcaps.Caps.FailoverSlots).
@@ -122,7 +120,7 @@ func ReadSlot(ctx context.Context, db *pgx.Conn, name string) (Info, error) {
 		       (SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = $1),
 		       (SELECT CASE WHEN pg_is_in_recovery() OR s.restart_lsn IS NULL THEN NULL
 		                    ELSE pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)) END
-		        FROM pg_replication_slots s WHERE slot_name = $1)`, name, name+config.AdoptionSuffix).
+		        FROM pg_replication_slots s WHERE slot_name = $1)`, name, config.AdoptionMarkerName(name)).
 		Scan(&info.CurrentDatabase, &info.Adopting, &raw, &retained)
 	if err != nil {
 		return info, fmt.Errorf("look up replication slot %s: %w", name, err)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/cdcrelay/cdcrelay/internal/adoption"
+	"github.com/cdcrelay/cdcrelay/internal/config"
 	"github.com/cdcrelay/cdcrelay/internal/svckit"
 	"github.com/cdcrelay/cdcrelay/internal/toolkit"
 )
@@ -96,7 +96,7 @@ func (b *bench) waitSlot(ctx context.Context, active bool, exited <-chan struct{
 		// instead of the stream.
 		var is bool
 		err := b.slotConn().QueryRow(ctx, `SELECT coalesce(bool_or(active) FILTER (WHERE slot_name = $1), false)
-			AND NOT coalesce(bool_or(slot_name = $2), false) FROM pg_replication_slots`, benchSlot, adoption.MarkerName(benchSlot)).Scan(&is)
+			AND NOT coalesce(bool_or(slot_name = $2), false) FROM pg_replication_slots`, benchSlot, config.AdoptionMarkerName(benchSlot)).Scan(&is)
 		if err != nil {
 			return fmt.Errorf("wait for slot %s active=%t: %w", benchSlot, active, err)
 		}
